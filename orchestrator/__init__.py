@@ -1,0 +1,3 @@
+"""orch: one training spec -> planned, validated, launchable DeepSpeed / Megatron-Core runs."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,54 @@
+"""Model presets: the shape fields of ``model:`` in a spec, each preset with its source.
+
+A preset only fills fields; anything the user writes under ``model:`` overrides it.
+"""
+from __future__ import annotations
+
+_GPT = {"seq_length": 2048, "vocab_size": 51200, "gated_mlp": False, "tie_embeddings": True,
+        "normalization": "layernorm", "position_embedding": "learned", "add_bias_linear": True}
+_NARAYANAN = "Narayanan et al. 2021 (SC21, arXiv 2104.04473) Table 1"
+_LLAMA = {"gated_mlp": True, "tie_embeddings": False, "normalization": "rmsnorm",
+          "position_embedding": "rope", "add_bias_linear": False}
+
+
+def _gpt(layers: int, hidden: int, heads: int, source: str = _NARAYANAN) -> dict:
+    return {**_GPT, "num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "_source": source}
+
+
+def _llama(layers, hidden, heads, groups, ffn, vocab, seq, source) -> dict:
+    return {**_LLAMA, "num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "num_query_groups": groups, "ffn_hidden_size": ffn, "vocab_size": vocab,
+            "seq_length": seq, "_source": source}
+
+
+MODELS: dict[str, dict] = {
+    "gpt3-1.7b": _gpt(24, 2304, 24),
+    "gpt3-3.6b": _gpt(30, 3072, 32),
+    "gpt3-7.5b": _gpt(36, 4096, 32),
+    "gpt3-18b": _gpt(40, 6144, 48),
+    "gpt3-39b": _gpt(48, 8192, 64),
+    "gpt3-76b": _gpt(60, 10240, 80),
+    "gpt3-145b": _gpt(80, 12288, 96),
+    "gpt3-310b": _gpt(96, 16384, 128),
+    "gpt3-530b": _gpt(105, 20480, 128),
+    "gpt3-1t": _gpt(128, 25600, 160),
+    "gpt3-175b": {**_gpt(96, 12288, 96, "Brown et al. 2020 (arXiv 2005.14165) Table 2.1; GPT-2 BPE vocab"),
+                  "vocab_size": 50257},
+    "llama2-7b": _llama(32, 4096, 32, 32, 11008, 32000, 4096, "Touvron et al. 2023 (Llama 2), HF config"),
+    "llama2-13b": _llama(40, 5120, 40, 40, 13824, 32000, 4096, "Touvron et al. 2023 (Llama 2), HF config"),
+    "llama2-70b": _llama(80, 8192, 64, 8, 28672, 32000, 4096, "Touvron et al. 2023 (Llama 2), HF config"),
+    "llama3-8b": _llama(32, 4096, 32, 8, 14336, 128256, 8192, "Meta Llama 3 (2024), HF config"),
+    "llama3-70b": _llama(80, 8192, 64, 8, 28672, 128256, 8192, "Meta Llama 3 (2024), HF config"),
+    "llama3-405b": _llama(126, 16384, 128, 8, 53248, 128256, 8192,
+                          "Llama 3 Herd of Models (arXiv 2407.21783) Table 3"),
+    "mistral-7b": _llama(32, 4096, 32, 8, 14336, 32000, 8192, "Jiang et al. 2023 (arXiv 2310.06825) Table 1"),
+    # Small enough to train for real on a laptop CPU in seconds (the demo and the integration tests).
+    "tiny-gpt": {**_GPT, "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512,
+                 "seq_length": 128, "_source": "orch's CPU test model"},
+}
+
+
+def preset_fields(name: str) -> dict:
+    """The spec fields of a preset (without its source note)."""
+    return {k: v for k, v in MODELS[name].items() if not k.startswith("_")}

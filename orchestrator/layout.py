@@ -1,0 +1,274 @@
+"""The parallel layout and the structural rules every layout must satisfy.
+
+Each rule is a small pure function ``rule(spec, layout) -> Problem | None`` that shows its operands
+(``tp(8) * pp(4) * dp(3) = 96 != world_size(64)``) and says how to fix it. A rule whose operands are
+not all known yet (a field left open for the planner) passes. ``check_spec`` runs every rule on the
+fields the user fixed; the planner runs the same rules on each complete candidate.
+Nothing is ever derived by silent floor division.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from .errors import Problem, SpecError
+from .spec import Spec
+
+P = "parallelism"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout. Fields are None while still open (a partial layout from the spec)."""
+
+    tp: Optional[int] = None
+    pp: Optional[int] = None
+    vpp: Optional[int] = None
+    dp: Optional[int] = None
+    zero_stage: Optional[int] = None
+    micro_batch_size: Optional[int] = None
+    sequence_parallel: Optional[bool] = None
+    recompute: Optional[str] = None
+    offload: Optional[str] = None
+
+    @property
+    def is_complete(self) -> bool:
+        return all(getattr(self, f.name) is not None for f in dataclasses.fields(self))
+
+    def open_fields(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tp * self.pp
+
+    def tag(self) -> str:
+        """Short name used for W&B tags and tables: tp8-pp4-dp2-z1-mb1."""
+        vpp = f"-v{self.vpp}" if self.vpp and self.vpp > 1 else ""
+        return f"tp{self.tp}-pp{self.pp}{vpp}-dp{self.dp}-z{self.zero_stage}-mb{self.micro_batch_size}"
+
+
+# Spec field (dotted path) for each layout field, so problems name what the user writes.
+FIELD_PATHS = {"tp": f"{P}.tensor", "pp": f"{P}.pipeline", "vpp": f"{P}.virtual_pipeline", "dp": f"{P}.data",
+               "zero_stage": f"{P}.zero_stage", "micro_batch_size": f"{P}.micro_batch_size",
+               "sequence_parallel": f"{P}.sequence_parallel", "recompute": f"{P}.recompute",
+               "offload": f"{P}.offload"}
+
+
+def layout_from_spec(spec: Spec) -> Layout:
+    """The partial layout the user fixed (dp derived from the world size when tp and pp are known)."""
+    p = spec.parallelism
+    dp = p.data
+    if dp is None and p.tensor and p.pipeline and spec.world_size % (p.tensor * p.pipeline) == 0:
+        dp = spec.world_size // (p.tensor * p.pipeline)
+    return Layout(tp=p.tensor, pp=p.pipeline, vpp=p.virtual_pipeline, dp=dp, zero_stage=p.zero_stage,
+                  micro_batch_size=p.micro_batch_size, sequence_parallel=p.sequence_parallel,
+                  recompute=p.recompute, offload=p.offload)
+
+
+def grad_accum_steps(spec: Spec, layout: Layout) -> int:
+    """Micro-batches per optimizer step per data-parallel rank (exact: the batch rule holds)."""
+    per_step = layout.micro_batch_size * layout.dp
+    assert spec.training.global_batch_size % per_step == 0, "batch rule must pass first"
+    return spec.training.global_batch_size // per_step
+
+
+def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
+    """Vocabulary padded to a multiple of divisible_by * tp, as Megatron-LM does."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def _known(*values) -> bool:
+    return all(v is not None for v in values)
+
+
+# --- rules on the model alone -------------------------------------------------------------------
+
+def rule_hidden_heads(spec: Spec, lay: Layout) -> Problem | None:
+    m = spec.model
+    if m.hidden_size % m.num_attention_heads:
+        return Problem("model.hidden_size", f"hidden_size({m.hidden_size}) % num_attention_heads"
+                       f"({m.num_attention_heads}) = {m.hidden_size % m.num_attention_heads}, must be 0",
+                       "pick a hidden size that is a multiple of the head count")
+    return None
+
+
+def rule_groups_heads(spec: Spec, lay: Layout) -> Problem | None:
+    m = spec.model
+    if m.num_attention_heads % m.num_query_groups:
+        return Problem("model.num_query_groups", f"num_attention_heads({m.num_attention_heads}) % "
+                       f"num_query_groups({m.num_query_groups}) != 0", "use a divisor of the head count")
+    return None
+
+
+# --- rules on the layout ------------------------------------------------------------------------
+
+def rule_world_size(spec: Spec, lay: Layout) -> Problem | None:
+    world = spec.world_size
+    tp, pp, dp = lay.tp, lay.pp, spec.parallelism.data
+    if _known(tp, pp, dp) and tp * pp * dp != world:
+        return Problem(FIELD_PATHS["dp"], f"tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != "
+                       f"world_size({world}) = num_nodes({spec.cluster.num_nodes}) * "
+                       f"gpus_per_node({spec.cluster.gpus_per_node})",
+                       f"remove parallelism.data to derive it, or change tp/pp/nodes")
+    if _known(tp, pp) and world % (tp * pp):
+        return Problem(FIELD_PATHS["pp"], f"world_size({world}) % (tp({tp}) * pp({pp}) = {tp * pp}) = "
+                       f"{world % (tp * pp)}, must be 0", "make tp * pp a divisor of the GPU count")
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+        if value is not None and world % value:
+            return Problem(FIELD_PATHS[name], f"{name}({value}) does not divide world_size({world})",
+                           f"use a divisor of {world}")
+    return None
+
+
+def rule_heads_tp(spec: Spec, lay: Layout) -> Problem | None:
+    a = spec.model.num_attention_heads
+    if _known(lay.tp) and a % lay.tp:
+        return Problem(FIELD_PATHS["tp"], f"num_attention_heads({a}) % tp({lay.tp}) = {a % lay.tp}, must be 0",
+                       "use a tensor-parallel degree that divides the head count")
+    return None
+
+
+def rule_groups_tp(spec: Spec, lay: Layout) -> Problem | None:
+    g = spec.model.num_query_groups
+    if _known(lay.tp) and g % lay.tp:
+        return Problem(FIELD_PATHS["tp"], f"num_query_groups({g}) % tp({lay.tp}) = {g % lay.tp}, must be 0",
+                       "use a tensor-parallel degree that divides the KV-head count")
+    return None
+
+
+def rule_layers_pp(spec: Spec, lay: Layout) -> Problem | None:
+    n = spec.model.num_layers
+    if _known(lay.pp) and n % lay.pp:
+        return Problem(FIELD_PATHS["pp"], f"num_layers({n}) % pp({lay.pp}) = {n % lay.pp}, must be 0",
+                       "use a pipeline degree that divides the layer count")
+    if _known(lay.pp, lay.vpp) and lay.vpp > 1 and n % (lay.pp * lay.vpp):
+        return Problem(FIELD_PATHS["vpp"], f"num_layers({n}) % (pp({lay.pp}) * vpp({lay.vpp}) = "
+                       f"{lay.pp * lay.vpp}) = {n % (lay.pp * lay.vpp)}, must be 0",
+                       "use a virtual pipeline size that splits each stage's layers evenly")
+    return None
+
+
+def rule_vpp_needs_pp(spec: Spec, lay: Layout) -> Problem | None:
+    if _known(lay.vpp, lay.pp) and lay.vpp > 1 and lay.pp <= 2:
+        return Problem(FIELD_PATHS["vpp"], f"virtual_pipeline({lay.vpp}) needs pipeline > 2, got pp({lay.pp})",
+                       "set virtual_pipeline: 1, or pipeline >= 3 (Megatron's interleaved schedule)")
+    return None
+
+
+def rule_vpp_microbatches(spec: Spec, lay: Layout) -> Problem | None:
+    if not _known(lay.vpp, lay.pp, lay.dp, lay.micro_batch_size) or lay.vpp == 1:
+        return None
+    b = spec.training.global_batch_size
+    per = lay.micro_batch_size * lay.dp
+    if b % per == 0 and (b // per) % lay.pp:
+        return Problem(FIELD_PATHS["vpp"], f"interleaving needs num_microbatches({b // per}) % pp({lay.pp}) == 0",
+                       "change global_batch_size or micro_batch_size, or set virtual_pipeline: 1")
+    return None
+
+
+def rule_batch(spec: Spec, lay: Layout) -> Problem | None:
+    b = spec.training.global_batch_size
+    mb, dp = lay.micro_batch_size, lay.dp
+    if _known(mb, dp) and b % (mb * dp):
+        lo = b // (mb * dp) * mb * dp
+        return Problem("training.global_batch_size",
+                       f"global_batch_size({b}) % (micro_batch_size({mb}) * dp({dp}) = {mb * dp}) = "
+                       f"{b % (mb * dp)}, must be 0 (gradient accumulation would not be whole)",
+                       f"use a multiple of {mb * dp}, e.g. {lo or mb * dp} or {lo + mb * dp}")
+    return None
+
+
+def rule_sequence_parallel(spec: Spec, lay: Layout) -> Problem | None:
+    if not lay.sequence_parallel:
+        return None
+    if _known(lay.tp) and lay.tp == 1:
+        return Problem(FIELD_PATHS["sequence_parallel"], "sequence_parallel needs tp > 1, got tp(1)",
+                       "set sequence_parallel: false or tensor >= 2")
+    s = spec.model.seq_length
+    if _known(lay.tp) and s % lay.tp:
+        return Problem(FIELD_PATHS["sequence_parallel"], f"seq_length({s}) % tp({lay.tp}) = {s % lay.tp}, "
+                       "must be 0 with sequence parallelism", "use a sequence length divisible by tp")
+    return None
+
+
+def rule_pipeline_zero(spec: Spec, lay: Layout) -> Problem | None:
+    if _known(lay.pp, lay.zero_stage) and lay.pp > 1 and lay.zero_stage >= 2:
+        return Problem(FIELD_PATHS["zero_stage"], f"DeepSpeed's pipeline engine does not support ZeRO-"
+                       f"{lay.zero_stage} (pp({lay.pp}) > 1)", "use zero_stage 0 or 1 with pipeline > 1")
+    return None
+
+
+def rule_offload(spec: Spec, lay: Layout) -> Problem | None:
+    if lay.offload == "optimizer" and _known(lay.zero_stage) and lay.zero_stage < 1:
+        return Problem(FIELD_PATHS["offload"], "offload 'optimizer' needs zero_stage >= 1, got 0",
+                       "set zero_stage: 1, 2 or 3, or offload: none")
+    if lay.offload == "optimizer+params" and _known(lay.zero_stage) and lay.zero_stage != 3:
+        return Problem(FIELD_PATHS["offload"], f"offload 'optimizer+params' needs zero_stage 3, got "
+                       f"{lay.zero_stage}", "set zero_stage: 3, or offload: optimizer")
+    if lay.offload not in (None, "none") and _known(lay.pp) and lay.pp > 1:
+        return Problem(FIELD_PATHS["offload"], f"offload with DeepSpeed's pipeline engine (pp({lay.pp}) > 1) "
+                       "is not supported", "set offload: none or pipeline: 1")
+    return None
+
+
+def rule_pipeline_depth(spec: Spec, lay: Layout) -> Problem | None:
+    if _known(lay.pp) and lay.pp > spec.model.num_layers:
+        return Problem(FIELD_PATHS["pp"], f"pp({lay.pp}) > num_layers({spec.model.num_layers})",
+                       "use at most one stage per layer")
+    return None
+
+
+def rule_cpu_precision(spec: Spec, lay: Layout) -> Problem | None:
+    if spec.cluster.gpu == "cpu" and spec.training.precision == "fp16":
+        return Problem("training.precision", "fp16 does not run on CPU (DeepSpeed: 'Type fp16 is not "
+                       "supported on your device')", "use bf16 or fp32 on cluster.gpu: cpu")
+    return None
+
+
+def rule_data(spec: Spec, lay: Layout) -> Problem | None:
+    if not spec.data.synthetic and not spec.data.path:
+        return Problem("data.path", "data.synthetic is false but no data.path is given",
+                       "set data.path to a dataset, or data.synthetic: true")
+    return None
+
+
+def rule_pdsh_hosts(spec: Spec, lay: Layout) -> Problem | None:
+    hosts = spec.launch.pdsh.hosts
+    if spec.launch.backend == "pdsh" and len(hosts) != spec.cluster.num_nodes:
+        return Problem("launch.pdsh.hosts", f"{len(hosts)} host(s) for num_nodes({spec.cluster.num_nodes})",
+                       "list exactly one host per node")
+    return None
+
+
+MODEL_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_hidden_heads, rule_groups_heads]
+LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
+    rule_world_size, rule_heads_tp, rule_groups_tp, rule_layers_pp, rule_pipeline_depth, rule_vpp_needs_pp,
+    rule_batch, rule_vpp_microbatches, rule_sequence_parallel, rule_pipeline_zero, rule_offload,
+]
+SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_cpu_precision, rule_data, rule_pdsh_hosts]
+
+
+def check_layout(spec: Spec, layout: Layout) -> list[Problem]:
+    """Every layout rule that fails for ``layout`` (open fields pass)."""
+    return [p for rule in LAYOUT_RULES if (p := rule(spec, layout)) is not None]
+
+
+def check_spec(spec: Spec) -> list[Problem]:
+    """Every rule that fails for the spec: model shape, the fixed layout fields, launch and data."""
+    layout = layout_from_spec(spec)
+    rules = MODEL_RULES + SPEC_RULES
+    return [p for rule in rules if (p := rule(spec, layout)) is not None] + check_layout(spec, layout)
+
+
+def require_complete(spec: Spec) -> Layout:
+    """The spec's layout when every field is fixed; otherwise a SpecError naming the open fields."""
+    layout = layout_from_spec(spec)
+    missing = layout.open_fields()
+    if missing:
+        raise SpecError([Problem(FIELD_PATHS[f], "not set and no planner was asked to fill it",
+                                 "set it in the spec, or run `orch plan` / `orch generate` with planning")
+                         for f in missing])
+    return layout

@@ -1,0 +1,290 @@
+"""The training spec: what the user asks for, as one typed, frozen record tree.
+
+``load_spec(path)`` reads YAML or JSON, rejects unknown keys (with "did you mean"), checks types and
+bounds, expands the model preset and defaults, and runs the cross-field rules; every problem found is
+reported at once in one :class:`SpecError`. ``schemas/spec.schema.json`` is exported from these classes
+(``make schemas``), never written by hand.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from .catalog.gpus import GPUS
+from .catalog.models import MODELS, preset_fields
+from .errors import Problem, SpecError
+from .typed import did_you_mean, dump, parse, spec_field
+
+SPEC_VERSION = 1
+NAME_PATTERN = r"[A-Za-z0-9._-]{1,64}"
+
+Precision = Literal["bf16", "fp16", "fp32"]
+Recompute = Literal["none", "selective", "full"]
+Offload = Literal["none", "optimizer", "optimizer+params"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Shape of a dense decoder-only transformer. A preset fills these; explicit fields override it."""
+
+    preset: Optional[Literal[tuple(MODELS)]] = spec_field(None, doc="model preset (orch init --list-presets)")
+    num_layers: Optional[int] = spec_field(None, doc="transformer layers", minimum=1)
+    hidden_size: Optional[int] = spec_field(None, doc="model width h", minimum=1)
+    num_attention_heads: Optional[int] = spec_field(None, doc="attention heads a", minimum=1)
+    num_query_groups: Optional[int] = spec_field(None, doc="KV heads (GQA); default num_attention_heads",
+                                                 minimum=1)
+    ffn_hidden_size: Optional[int] = spec_field(None, doc="MLP width; default 4 * hidden_size", minimum=1)
+    vocab_size: Optional[int] = spec_field(None, doc="tokenizer vocabulary (padded as Megatron does)",
+                                           minimum=1)
+    seq_length: Optional[int] = spec_field(None, doc="tokens per sequence", minimum=1)
+    gated_mlp: bool = spec_field(False, doc="SwiGLU MLP (3 matrices) instead of GeLU (2)")
+    tie_embeddings: bool = spec_field(True, doc="share input embedding and output layer weights")
+    flash_attention: bool = spec_field(True, doc="fused attention: no s^2 attention activations stored")
+    normalization: Literal["layernorm", "rmsnorm"] = spec_field("layernorm", doc="norm layer")
+    position_embedding: Literal["learned", "rope"] = spec_field("learned", doc="position embedding")
+    add_bias_linear: bool = spec_field(True, doc="bias terms in linear layers")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """Where the job runs: nodes x GPUs of one catalog type, optionally with measured bandwidths."""
+
+    gpu: Literal[tuple(GPUS)] = spec_field(doc="GPU catalog key")
+    num_nodes: int = spec_field(1, doc="nodes", minimum=1)
+    gpus_per_node: int = spec_field(8, doc="GPUs (processes) per node", minimum=1)
+    intra_node_bandwidth_GBps: Optional[float] = spec_field(
+        None, doc="measured all-reduce bus bandwidth inside a node (overrides the catalog)", exclusive_minimum=0)
+    inter_node_bandwidth_GBps: Optional[float] = spec_field(
+        None, doc="measured bandwidth per GPU across nodes (overrides the catalog)", exclusive_minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec:
+    """Optimizer and its hyper-parameters."""
+
+    type: Literal["adamw", "adam", "sgd"] = spec_field("adamw", doc="optimizer")
+    lr: float = spec_field(3.0e-4, doc="peak learning rate", exclusive_minimum=0)
+    weight_decay: float = spec_field(0.1, doc="decoupled weight decay", minimum=0)
+    betas: list[float] = spec_field(default_factory=lambda: [0.9, 0.95], doc="Adam betas [beta1, beta2]")
+    eps: float = spec_field(1.0e-8, doc="Adam epsilon", exclusive_minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LrScheduleSpec:
+    """Learning-rate schedule: linear warm-up, then decay to min_lr at train_iters."""
+
+    warmup_iters: int = spec_field(0, doc="linear warm-up steps", minimum=0)
+    decay: Literal["cosine", "linear", "constant"] = spec_field("cosine", doc="decay after warm-up")
+    min_lr: float = spec_field(0.0, doc="learning rate at the end of decay", minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSpec:
+    """Where and how often the training job checkpoints (relative dir = inside the run dir)."""
+
+    dir: str = spec_field("checkpoints", doc="checkpoint directory")
+    interval: int = spec_field(100, doc="save every N optimizer steps", minimum=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingSpec:
+    """Batch, precision, optimizer and schedule."""
+
+    global_batch_size: int = spec_field(doc="sequences per optimizer step", minimum=1)
+    precision: Precision = spec_field("bf16", doc="bf16 | fp16 | fp32")
+    optimizer: OptimizerSpec = spec_field(default_factory=OptimizerSpec, doc="optimizer")
+    lr_schedule: LrScheduleSpec = spec_field(default_factory=LrScheduleSpec, doc="learning-rate schedule")
+    train_iters: int = spec_field(1000, doc="optimizer steps", minimum=1)
+    gradient_clipping: float = spec_field(1.0, doc="max global gradient norm (0 = off)", minimum=0)
+    checkpoint: CheckpointSpec = spec_field(default_factory=CheckpointSpec, doc="checkpointing")
+    seed: int = spec_field(1234, doc="random seed (data and initialisation)", minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """What the trainer reads. Megatron's --data-path / --tokenizer-* come from here."""
+
+    path: Optional[str] = spec_field(None, doc="dataset path prefix (Megatron indexed) or a text file")
+    tokenizer: Optional[str] = spec_field(None, doc="tokenizer name or path; null with synthetic data")
+    synthetic: bool = spec_field(True, doc="deterministic random tokens")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelismSpec:
+    """The layout. Every field is optional: what is missing is searched by the planner (orch plan)."""
+
+    tensor: Optional[int] = spec_field(None, doc="tensor-parallel degree tp", minimum=1)
+    pipeline: Optional[int] = spec_field(None, doc="pipeline-parallel degree pp", minimum=1)
+    virtual_pipeline: Optional[int] = spec_field(None, doc="interleaved stages per pp rank", minimum=1)
+    data: Optional[int] = spec_field(None, doc="data-parallel degree dp = world / (tp * pp)", minimum=1)
+    zero_stage: Optional[int] = spec_field(None, doc="ZeRO stage 0-3", minimum=0, maximum=3)
+    micro_batch_size: Optional[int] = spec_field(None, doc="sequences per micro-batch per GPU", minimum=1)
+    sequence_parallel: Optional[bool] = spec_field(None, doc="Megatron sequence parallelism (needs tp > 1)")
+    recompute: Optional[Recompute] = spec_field(None, doc="activation recomputation")
+    offload: Optional[Offload] = spec_field(None, doc="ZeRO-Offload of optimizer (and parameters) to CPU")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmSpec:
+    """sbatch options."""
+
+    partition: Optional[str] = spec_field(None, doc="partition (-p)")
+    account: Optional[str] = spec_field(None, doc="account (-A)")
+    time: str = spec_field("04:00:00", doc="time limit [D-]HH:MM:SS", pattern=r"(\d+-)?\d{1,3}:\d{2}:\d{2}")
+    qos: Optional[str] = spec_field(None, doc="quality of service")
+    exclusive: bool = spec_field(True, doc="whole nodes (--exclusive)")
+    requeue: bool = spec_field(True, doc="requeue on preemption or node failure (--requeue)")
+    cpus_per_task: Optional[int] = spec_field(None, doc="CPUs per task (--cpus-per-task)", minimum=1)
+    signal_before_end_s: int = spec_field(120, doc="USR1 this many seconds before the time limit", minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PdshSpec:
+    """Hosts for the pdsh backend (DeepSpeed's multi-node launcher style)."""
+
+    hosts: list[str] = spec_field(default_factory=list, doc="host names, one per node")
+    ssh_port: int = spec_field(22, doc="sshd port on the hosts", minimum=1, maximum=65535)
+    fanout: int = spec_field(1024, doc="pdsh -f: hosts contacted at once", minimum=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    """How `orch launch` starts the job."""
+
+    backend: Literal["local", "slurm", "pdsh"] = spec_field("local", doc="local | slurm | pdsh")
+    master_port: int = spec_field(29500, doc="rendezvous TCP port", minimum=1024, maximum=65535)
+    slurm: SlurmSpec = spec_field(default_factory=SlurmSpec, doc="SLURM options")
+    pdsh: PdshSpec = spec_field(default_factory=PdshSpec, doc="pdsh options")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WandbSpec:
+    """Weights & Biases: offline by default (no account needed), online when logged in."""
+
+    project: str = spec_field("orch", doc="W&B project")
+    entity: Optional[str] = spec_field(None, doc="W&B entity (team or user)")
+    mode: Literal["offline", "online", "disabled"] = spec_field("offline", doc="offline | online | disabled")
+    group: Optional[str] = spec_field(None, doc="run group; default the spec name")
+    tags: list[str] = spec_field(default_factory=list, doc="extra run tags")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackingSpec:
+    """Telemetry sinks and DeepSpeed's own timers."""
+
+    wandb: WandbSpec = spec_field(default_factory=WandbSpec, doc="Weights & Biases")
+    wall_clock_breakdown: bool = spec_field(False, doc="DeepSpeed wall_clock_breakdown timers")
+    comms_logger: bool = spec_field(False, doc="DeepSpeed comms_logger")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """One training run: model, cluster, training, data, parallelism, launch and tracking."""
+
+    name: str = spec_field(doc="names the run dir, the job and the W&B run", pattern=NAME_PATTERN)
+    model: ModelSpec = spec_field(default_factory=ModelSpec, doc="model shape")
+    cluster: ClusterSpec = spec_field(doc="cluster")
+    training: TrainingSpec = spec_field(doc="training")
+    data: DataSpec = spec_field(default_factory=DataSpec, doc="data")
+    parallelism: ParallelismSpec = spec_field(default_factory=ParallelismSpec, doc="parallel layout")
+    launch: LaunchSpec = spec_field(default_factory=LaunchSpec, doc="launch")
+    tracking: TrackingSpec = spec_field(default_factory=TrackingSpec, doc="telemetry")
+    spec_version: int = spec_field(SPEC_VERSION, doc="spec format version", minimum=1, maximum=SPEC_VERSION)
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.num_nodes * self.cluster.gpus_per_node
+
+
+REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
+
+
+def read_spec_data(path: str | Path) -> Any:
+    """Parse a YAML or JSON file into plain data; syntax errors become a SpecError with the location."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"no such file", path=str(path)) from None
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
+        raise SpecError(f"cannot read: {e.__class__.__name__}", path=str(path)) from None
+    if path.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecError(Problem(f"{path}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}",
+                                    "fix the JSON syntax at that position")) from None
+    import yaml  # noqa: PLC0415  (only this path needs it)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        reason = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError(Problem(where, f"invalid YAML: {reason}", "fix the YAML syntax at that position")) from None
+
+
+def load_spec(path: str | Path) -> "Spec":
+    """Read, check and resolve a spec file (YAML or JSON). Raises SpecError listing every problem."""
+    data = read_spec_data(path)
+    return parse_spec(data)
+
+
+def parse_spec(data: Any) -> Spec:
+    """Check and resolve spec data: types, unknown keys, preset, defaults, then every cross-field rule."""
+    problems: list[Problem] = []
+    if not isinstance(data, dict):
+        raise SpecError(Problem("spec", "the top level must be a mapping of keys (name, model, cluster, ...)",
+                                "start from `orch init`"))
+    data = dict(data)
+    data["model"] = _merge_preset(data.get("model"), problems)
+    spec = parse(Spec, data, "", problems)
+    if spec is not None:
+        spec = _apply_defaults(spec, problems)
+    if spec is not None and not problems:
+        from .layout import check_spec  # noqa: PLC0415  (layout imports spec)
+        problems.extend(check_spec(spec))
+    if problems:
+        raise SpecError(problems)
+    return spec
+
+
+def _merge_preset(model: Any, problems: list[Problem]) -> Any:
+    if not isinstance(model, dict) or model.get("preset") is None:
+        return model
+    name = model["preset"]
+    if not isinstance(name, str) or name not in MODELS:
+        problems.append(Problem("model.preset", f"unknown preset {name!r}", did_you_mean(str(name), list(MODELS))))
+        return {k: v for k, v in model.items() if k != "preset"}
+    return {**preset_fields(name), **model}
+
+
+def _apply_defaults(spec: Spec, problems: list[Problem]) -> Spec | None:
+    m = spec.model
+    for name in REQUIRED_MODEL_FIELDS:
+        if getattr(m, name) is None:
+            problems.append(Problem(f"model.{name}", "required key is missing",
+                                    "set it, or set model.preset (orch init --list-presets)"))
+    if problems:
+        return None
+    model = dataclasses.replace(
+        m, num_query_groups=m.num_query_groups or m.num_attention_heads,
+        ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size)
+    wandb = spec.tracking.wandb
+    tracking = dataclasses.replace(spec.tracking, wandb=dataclasses.replace(wandb, group=wandb.group or spec.name))
+    return dataclasses.replace(spec, model=model, tracking=tracking)
+
+
+def spec_to_data(spec: Spec) -> dict:
+    """The spec as plain data (every default expanded), as written to spec.resolved.yaml."""
+    return dump(spec)
+
+
+def spec_sha256(spec: Spec) -> str:
+    """Content hash of the resolved spec (stable across key order and formatting)."""
+    blob = json.dumps(spec_to_data(spec), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()

@@ -1,0 +1,243 @@
+"""A small typed-record layer over dataclasses: strict parsing, dumping and JSON Schema export.
+
+Every user-facing record (the spec) is a frozen dataclass whose fields carry their documentation and
+bounds in ``metadata``. :func:`parse` turns plain YAML/JSON data into such a record and collects EVERY
+problem (unknown key with "did you mean", wrong type, out-of-range value) instead of stopping at the
+first. :func:`json_schema` exports the same tree, so the schema is never written by hand.
+
+Types understood: bool, int, float, str, ``X | None``, ``Literal[...]``, ``list[X]`` and nested
+dataclasses. Booleans are not integers and strings are not numbers here (``"yes"`` is not ``true``):
+DeepSpeed and YAML both let such values through silently, we do not.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from functools import lru_cache
+from typing import Any, Literal, Union, get_args, get_origin
+
+from .errors import Problem
+
+MISSING = dataclasses.MISSING
+
+
+def spec_field(default: Any = MISSING, *, doc: str, minimum: float | None = None,
+               maximum: float | None = None, pattern: str | None = None,
+               default_factory: Any = MISSING, exclusive_minimum: float | None = None) -> Any:
+    """A dataclass field with its documentation and bounds (used by parse and json_schema)."""
+    meta = {"doc": doc, "minimum": minimum, "maximum": maximum, "pattern": pattern,
+            "exclusive_minimum": exclusive_minimum}
+    if default_factory is not MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _is_optional(tp: Any) -> tuple[bool, Any]:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(get_args(tp)) == 2:
+            return True, args[0]
+    return False, tp
+
+
+def type_name(tp: Any) -> str:
+    optional, inner = _is_optional(tp)
+    if optional:
+        return f"{type_name(inner)} or null"
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) is list:
+        return f"list of {type_name(get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "mapping"
+    return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(tp, str(tp))
+
+
+def _article(noun: str) -> str:
+    return ("an " if noun[:1] in "aeiou" else "a ") + noun
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"number {value!r}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    """A hint for a misspelled key or value: the closest choice, else the list of choices."""
+    prefixed = [c for c in choices if c.lower().startswith(word.lower())] if word else []
+    if len(prefixed) == 1:
+        return f"did you mean {prefixed[0]!r}?"
+    if prefixed:
+        return "did you mean one of " + ", ".join(repr(c) for c in prefixed) + "?"
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return "allowed: " + ", ".join(sorted(choices))
+
+
+def parse(cls: type, data: Any, path: str, problems: list[Problem]) -> Any:
+    """Build ``cls`` from ``data``; append a Problem for everything wrong; return None on failure."""
+    if not isinstance(data, dict):
+        problems.append(Problem(path, f"expected a mapping, got {_describe(data)}",
+                                f"write {path} as 'key: value' lines"))
+        return None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    ok = True
+    for key, value in data.items():
+        sub = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            problems.append(Problem(sub, "unknown key", did_you_mean(str(key), list(fields))))
+            ok = False
+            continue
+        before = len(problems)
+        parsed = _parse_value(hints[key], value, sub, problems, fields[key].metadata)
+        if len(problems) > before:
+            ok = False
+        kwargs[key] = parsed
+    for name, f in fields.items():
+        if name not in kwargs and f.default is MISSING and f.default_factory is MISSING:
+            sub = f"{path}.{name}" if path else name
+            problems.append(Problem(sub, "required key is missing",
+                                    f"add '{name}:' ({fields[name].metadata.get('doc', '')})"))
+            ok = False
+    return cls(**kwargs) if ok else None
+
+
+def _parse_value(tp: Any, value: Any, path: str, problems: list[Problem], meta: Any) -> Any:
+    optional, inner = _is_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        problems.append(Problem(path, f"must be {_article(type_name(tp))}, got null", "give a value or remove the key"))
+        return None
+    tp = inner
+    if dataclasses.is_dataclass(tp):
+        return parse(tp, value, path, problems)
+    origin = get_origin(tp)
+    if origin is Literal:
+        allowed = list(get_args(tp))
+        if value in allowed and type(value) is type(allowed[allowed.index(value)]):
+            return value
+        hint = did_you_mean(str(value), [str(a) for a in allowed]) if isinstance(value, str) else \
+            "allowed: " + ", ".join(repr(a) for a in allowed)
+        problems.append(Problem(path, f"{_describe(value)} is not allowed", hint))
+        return None
+    if origin is list:
+        if not isinstance(value, list):
+            problems.append(Problem(path, f"must be a list, got {_describe(value)}", "write [a, b, ...]"))
+            return None
+        item_tp = get_args(tp)[0]
+        return [_parse_value(item_tp, v, f"{path}[{i}]", problems, {}) for i, v in enumerate(value)]
+    return _parse_scalar(tp, value, path, problems, meta or {})
+
+
+def _parse_scalar(tp: Any, value: Any, path: str, problems: list[Problem], meta: Any) -> Any:
+    ok = (tp is bool and isinstance(value, bool)) or \
+         (tp is int and isinstance(value, int) and not isinstance(value, bool)) or \
+         (tp is float and isinstance(value, (int, float)) and not isinstance(value, bool)) or \
+         (tp is str and isinstance(value, str))
+    if not ok:
+        hint = {bool: "write true or false, unquoted", int: "write a whole number, unquoted",
+                float: "write a number, unquoted", str: "quote the value"}[tp]
+        problems.append(Problem(path, f"must be {_article(type_name(tp))}, got {_describe(value)}", hint))
+        return None
+    if tp is float:
+        value = float(value)
+    if meta.get("minimum") is not None and value < meta["minimum"]:
+        problems.append(Problem(path, f"{value!r} is below the minimum {meta['minimum']!r}",
+                                f"use a value >= {meta['minimum']!r}"))
+    if meta.get("exclusive_minimum") is not None and value <= meta["exclusive_minimum"]:
+        problems.append(Problem(path, f"{value!r} must be greater than {meta['exclusive_minimum']!r}",
+                                f"use a value > {meta['exclusive_minimum']!r}"))
+    if meta.get("maximum") is not None and value > meta["maximum"]:
+        problems.append(Problem(path, f"{value!r} is above the maximum {meta['maximum']!r}",
+                                f"use a value <= {meta['maximum']!r}"))
+    if meta.get("pattern") and not re.fullmatch(meta["pattern"], value):
+        problems.append(Problem(path, f"{value!r} does not match {meta['pattern']}",
+                                "use letters, digits, '.', '_' and '-' only"))
+    return value
+
+
+def dump(record: Any) -> Any:
+    """A record as plain data (dicts in field order, lists), for YAML/JSON output."""
+    if dataclasses.is_dataclass(record):
+        return {f.name: dump(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    if isinstance(record, (list, tuple)):
+        return [dump(v) for v in record]
+    return record
+
+
+def json_schema(cls: type, title: str | None = None) -> dict:
+    """JSON Schema (draft 2020-12) of a record tree, with documentation from the field metadata."""
+    schema = _object_schema(cls)
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title or cls.__name__,
+              **schema}
+    return schema
+
+
+def _object_schema(cls: type) -> dict:
+    hints = _hints(cls)
+    props: dict[str, Any] = {}
+    required = []
+    for f in dataclasses.fields(cls):
+        prop = _type_schema(hints[f.name])
+        meta = f.metadata
+        if meta.get("doc"):
+            prop["description"] = meta["doc"]
+        for key in ("minimum", "maximum", "pattern"):
+            if meta.get(key) is not None:
+                prop[key] = meta[key]
+        if meta.get("exclusive_minimum") is not None:
+            prop["exclusiveMinimum"] = meta["exclusive_minimum"]
+        if f.default is not MISSING and not dataclasses.is_dataclass(f.default):
+            prop["default"] = f.default
+        elif f.default_factory is not MISSING:
+            prop["default"] = dump(f.default_factory())
+        else:
+            required.append(f.name)
+        props[f.name] = prop
+    out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": props}
+    if cls.__doc__:
+        out["description"] = " ".join(cls.__doc__.split())
+    if required:
+        out["required"] = required
+    return out
+
+
+def _type_schema(tp: Any) -> dict:
+    optional, inner = _is_optional(tp)
+    if optional:
+        base = _type_schema(inner)
+        if "enum" in base:
+            return {"enum": base["enum"] + [None]}
+        if "type" in base and isinstance(base["type"], str) and base["type"] != "object":
+            return {**base, "type": [base["type"], "null"]}
+        return {"anyOf": [base, {"type": "null"}]}
+    if dataclasses.is_dataclass(tp):
+        return _object_schema(tp)
+    if get_origin(tp) is Literal:
+        return {"enum": list(get_args(tp))}
+    if get_origin(tp) is list:
+        return {"type": "array", "items": _type_schema(get_args(tp)[0])}
+    return {"type": {bool: "boolean", int: "integer", float: "number", str: "string"}[tp]}
