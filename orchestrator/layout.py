@@ -9,6 +9,7 @@ Nothing is ever derived by silent floor division.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -235,8 +236,15 @@ def rule_data(spec: Spec, lay: Layout) -> Problem | None:
     return None
 
 
+HOST_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}")
+
+
 def rule_pdsh_hosts(spec: Spec, lay: Layout) -> Problem | None:
     hosts = spec.launch.pdsh.hosts
+    for i, host in enumerate(hosts):
+        if not HOST_PATTERN.fullmatch(host):
+            return Problem(f"launch.pdsh.hosts[{i}]", f"{host!r} is not a host name",
+                           "use letters, digits, '.', '_' and '-' (not starting with '-')")
     if spec.launch.backend == "pdsh" and len(hosts) != spec.cluster.num_nodes:
         return Problem("launch.pdsh.hosts", f"{len(hosts)} host(s) for num_nodes({spec.cluster.num_nodes})",
                        "list exactly one host per node")
@@ -252,15 +260,32 @@ SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_cpu_precision
 
 
 def check_layout(spec: Spec, layout: Layout) -> list[Problem]:
-    """Every layout rule that fails for ``layout`` (open fields pass)."""
+    """Every layout rule that fails for ``layout`` (open fields pass). The planner's hot path."""
     return [p for rule in LAYOUT_RULES if (p := rule(spec, layout)) is not None]
 
 
 def check_spec(spec: Spec) -> list[Problem]:
-    """Every rule that fails for the spec: model shape, the fixed layout fields, launch and data."""
-    layout = layout_from_spec(spec)
-    rules = MODEL_RULES + SPEC_RULES
-    return [p for rule in rules if (p := rule(spec, layout)) is not None] + check_layout(spec, layout)
+    """Every rule that fails for the spec: model shape, the fixed layout fields, launch and data.
+
+    The spec may hold out-of-range values already reported by the typed parser (a zero degree, say);
+    a rule that cannot evaluate on them is skipped rather than reported twice.
+    """
+    layout = layout_from_spec(spec) if _positive_degrees(spec) else Layout()
+    problems = []
+    for rule in MODEL_RULES + SPEC_RULES + LAYOUT_RULES:
+        try:
+            problem = rule(spec, layout)
+        except (ArithmeticError, TypeError):
+            continue
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def _positive_degrees(spec: Spec) -> bool:
+    p = spec.parallelism
+    degrees = (p.tensor, p.pipeline, p.virtual_pipeline, p.data, p.micro_batch_size)
+    return all(d is None or d >= 1 for d in degrees) and spec.world_size >= 1
 
 
 def require_complete(spec: Spec) -> Layout:

@@ -21,6 +21,7 @@ from .typed import did_you_mean, dump, parse, spec_field
 
 SPEC_VERSION = 1
 NAME_PATTERN = r"[A-Za-z0-9._-]{1,64}"
+SLURM_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.,-]{0,127}"  # partitions, accounts, QOS: no shell syntax
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Recompute = Literal["none", "selective", "full"]
@@ -132,10 +133,10 @@ class ParallelismSpec:
 class SlurmSpec:
     """sbatch options."""
 
-    partition: Optional[str] = spec_field(None, doc="partition (-p)")
-    account: Optional[str] = spec_field(None, doc="account (-A)")
+    partition: Optional[str] = spec_field(None, doc="partition (-p)", pattern=SLURM_NAME_PATTERN)
+    account: Optional[str] = spec_field(None, doc="account (-A)", pattern=SLURM_NAME_PATTERN)
     time: str = spec_field("04:00:00", doc="time limit [D-]HH:MM:SS", pattern=r"(\d+-)?\d{1,3}:\d{2}:\d{2}")
-    qos: Optional[str] = spec_field(None, doc="quality of service")
+    qos: Optional[str] = spec_field(None, doc="quality of service", pattern=SLURM_NAME_PATTERN)
     exclusive: bool = spec_field(True, doc="whole nodes (--exclusive)")
     requeue: bool = spec_field(True, doc="requeue on preemption or node failure (--requeue)")
     cpus_per_task: Optional[int] = spec_field(None, doc="CPUs per task (--cpus-per-task)", minimum=1)
@@ -231,7 +232,10 @@ def read_spec_data(path: str | Path) -> Any:
 def load_spec(path: str | Path) -> "Spec":
     """Read, check and resolve a spec file (YAML or JSON). Raises SpecError listing every problem."""
     data = read_spec_data(path)
-    return parse_spec(data)
+    try:
+        return parse_spec(data)
+    except SpecError as e:
+        raise SpecError([dataclasses.replace(p, path=f"{path}:{p.path}") for p in e.problems]) from None
 
 
 def parse_spec(data: Any) -> Spec:
@@ -245,7 +249,7 @@ def parse_spec(data: Any) -> Spec:
     spec = parse(Spec, data, "", problems)
     if spec is not None:
         spec = _apply_defaults(spec, problems)
-    if spec is not None and not problems:
+    if spec is not None:
         from .layout import check_spec  # noqa: PLC0415  (layout imports spec)
         problems.extend(check_spec(spec))
     if problems:
@@ -269,7 +273,7 @@ def _apply_defaults(spec: Spec, problems: list[Problem]) -> Spec | None:
         if getattr(m, name) is None:
             problems.append(Problem(f"model.{name}", "required key is missing",
                                     "set it, or set model.preset (orch init --list-presets)"))
-    if problems:
+    if any(getattr(m, name) is None for name in REQUIRED_MODEL_FIELDS):
         return None
     model = dataclasses.replace(
         m, num_query_groups=m.num_query_groups or m.num_attention_heads,

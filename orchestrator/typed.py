@@ -95,7 +95,11 @@ def did_you_mean(word: str, choices: list[str]) -> str:
 
 
 def parse(cls: type, data: Any, path: str, problems: list[Problem]) -> Any:
-    """Build ``cls`` from ``data``; append a Problem for everything wrong; return None on failure."""
+    """Build ``cls`` from ``data``; append a Problem for everything wrong.
+
+    Returns None when a value has the wrong type or a required key is missing. A value of the right
+    type that breaks a bound or pattern is reported but kept, so later cross-field rules still run.
+    """
     if not isinstance(data, dict):
         problems.append(Problem(path, f"expected a mapping, got {_describe(data)}",
                                 f"write {path} as 'key: value' lines"))
@@ -110,10 +114,9 @@ def parse(cls: type, data: Any, path: str, problems: list[Problem]) -> Any:
             problems.append(Problem(sub, "unknown key", did_you_mean(str(key), list(fields))))
             ok = False
             continue
-        before = len(problems)
         parsed = _parse_value(hints[key], value, sub, problems, fields[key].metadata)
-        if len(problems) > before:
-            ok = False
+        if parsed is None and value is not None:
+            ok = False  # wrong type: the record cannot be built (out-of-range values still can)
         kwargs[key] = parsed
     for name, f in fields.items():
         if name not in kwargs and f.default is MISSING and f.default_factory is MISSING:
@@ -126,6 +129,8 @@ def parse(cls: type, data: Any, path: str, problems: list[Problem]) -> Any:
 
 def _parse_value(tp: Any, value: Any, path: str, problems: list[Problem], meta: Any) -> Any:
     optional, inner = _is_optional(tp)
+    if value is None and dataclasses.is_dataclass(tp):
+        return parse(tp, {}, path, problems)  # an empty YAML section ("parallelism:") = all defaults
     if value is None:
         if optional:
             return None
@@ -148,7 +153,8 @@ def _parse_value(tp: Any, value: Any, path: str, problems: list[Problem], meta: 
             problems.append(Problem(path, f"must be a list, got {_describe(value)}", "write [a, b, ...]"))
             return None
         item_tp = get_args(tp)[0]
-        return [_parse_value(item_tp, v, f"{path}[{i}]", problems, {}) for i, v in enumerate(value)]
+        items = [_parse_value(item_tp, v, f"{path}[{i}]", problems, {}) for i, v in enumerate(value)]
+        return None if any(i is None and v is not None for i, v in zip(items, value)) else items
     return _parse_scalar(tp, value, path, problems, meta or {})
 
 
@@ -175,7 +181,7 @@ def _parse_scalar(tp: Any, value: Any, path: str, problems: list[Problem], meta:
                                 f"use a value <= {meta['maximum']!r}"))
     if meta.get("pattern") and not re.fullmatch(meta["pattern"], value):
         problems.append(Problem(path, f"{value!r} does not match {meta['pattern']}",
-                                "use letters, digits, '.', '_' and '-' only"))
+                                "use letters, digits, '.', '_' and '-' only (no spaces or shell syntax)"))
     return value
 
 

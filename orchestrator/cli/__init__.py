@@ -72,7 +72,7 @@ def report(error: OrchError) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `orch` console script."""
     try:
-        cli.main(args=argv, prog_name="orch", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="orch", standalone_mode=False)
     except OrchError as e:
         report(e)
         return _exit(e.exit_code)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as e:
         e.show()
         return _exit(2 if isinstance(e, click.UsageError) else e.exit_code)
-    return _exit(0)
+    return _exit(code if isinstance(code, int) else 0)
 
 
 def _exit(code: int) -> int:

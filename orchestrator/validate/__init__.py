@@ -1,0 +1,79 @@
+"""`orch validate`: check specs, DeepSpeed configs, Megatron arguments and run dirs.
+
+Every check returns a list of :class:`~orchestrator.errors.Problem` (all problems at once, each with
+``file:dotted.path``, the rule and a fix). orch's own static checks run first — they catch what the
+libraries let through silently — then, when they pass, the real libraries (DeepSpeed's config classes,
+Megatron-Core's TransformerConfig, and Megatron-LM's validate_args when ORCH_MEGATRON_LM is set) are
+asked in a subprocess, as the final authority.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import Problem, SpecError
+
+KINDS = ("rundir", "spec", "ds_config", "megatron_args", "megatron_config")
+_DS_MARKERS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+               "zero_optimization", "fp16", "bf16", "optimizer", "scheduler"}
+
+
+def detect_kind(path: Path) -> str:
+    """What a path holds, from its name first and its content second."""
+    if path.is_dir():
+        return "rundir"
+    name = path.name
+    if name.endswith((".yaml", ".yml")):
+        return "spec"
+    if name.endswith(".json"):
+        if "megatron" in name:
+            return "megatron_config"
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            return "ds_config" if "ds" in name or "deepspeed" in name else "spec"
+        if isinstance(data, dict) and {"name", "model"} <= data.keys():
+            return "spec"
+        if isinstance(data, dict) and data.keys() & _DS_MARKERS:
+            return "ds_config"
+        if isinstance(data, dict) and "num_attention_heads" in data:
+            return "megatron_config"
+        return "ds_config"
+    return "megatron_args"
+
+
+def validate_path(path: str | Path, *, world_size: int | None = None, model_parallel_size: int = 1,
+                  deep: bool = True) -> list[Problem]:
+    """Every problem in one spec, ds_config.json, Megatron args file or run dir."""
+    path = Path(path)
+    if not path.exists():
+        return [Problem(str(path), "no such file or directory", "check the path")]
+    kind = detect_kind(path)
+    if kind == "rundir":
+        from .rundir import validate_run_dir  # noqa: PLC0415
+
+        return validate_run_dir(path, deep=deep)
+    if kind == "spec":
+        return validate_spec_file(path)
+    if kind == "ds_config":
+        from .deepspeed import validate_ds_config_file  # noqa: PLC0415
+
+        return validate_ds_config_file(path, world_size=world_size, model_parallel_size=model_parallel_size,
+                                       deep=deep)
+    if kind == "megatron_config":
+        from .megatron import validate_megatron_config_file  # noqa: PLC0415
+
+        return validate_megatron_config_file(path, deep=deep)
+    from .megatron import validate_megatron_args_file  # noqa: PLC0415
+
+    return validate_megatron_args_file(path, world_size=world_size, deep=deep)
+
+
+def validate_spec_file(path: Path) -> list[Problem]:
+    from ..spec import load_spec  # noqa: PLC0415
+
+    try:
+        load_spec(path)
+    except SpecError as e:
+        return e.problems
+    return []

@@ -1,0 +1,29 @@
+"""orch generate SPEC -o DIR: plan the spec and write the run dir atomically."""
+from __future__ import annotations
+
+import click
+
+
+@click.command(name="generate")
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Run dir to write (refused if it exists, unless --force).")
+@click.option("--force", is_flag=True, help="Replace an existing run dir.")
+@click.option("--top", "top_k", default=5, show_default=True, help="Candidates kept in plan.json.")
+def command(spec_path: str, out_dir: str, force: bool, top_k: int) -> None:
+    """Write the run dir for SPEC: ds_config.json, megatron_args.txt, megatron_config.json, launch
+    scripts (local, SLURM, pdsh), hostfile, plan.json, spec.resolved.yaml and manifest.json.
+
+    Parallelism fields the spec leaves open are chosen by the planner (as `orch plan`).
+    """
+    from ..plan import build_plan
+    from ..rundir import write_run_dir
+    from ..spec import load_spec
+
+    plan = build_plan(load_spec(spec_path), top_k=top_k)
+    out = write_run_dir(plan, out_dir, force=force)
+    lay = plan.layout
+    click.echo(f"wrote {out}  ({lay.tag()}, world size {plan.world_size}, "
+               f"{plan.grad_accum_steps} micro-batches/step, vocab padded to {plan.padded_vocab_size})",
+               err=True)
+    click.echo(str(out))

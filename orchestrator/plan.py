@@ -1,0 +1,67 @@
+"""The Plan: a resolved spec plus its complete layout and every derived number the renderers need.
+
+``build_plan(spec)`` estimates a fully fixed layout, or asks the planner to search the open fields.
+Renderers are pure functions of a Plan; nothing downstream reaches back into the spec's raw data.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .layout import Layout, grad_accum_steps, padded_vocab_size
+from .spec import ParallelismSpec, Spec, spec_sha256
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    layout: Layout
+    chosen: dict                              # the LAYOUT record of SPEC.md (layout + estimates)
+    candidates: list = field(default_factory=list)  # LAYOUT records of the top candidates
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def num_nodes(self) -> int:
+        return self.spec.cluster.num_nodes
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.spec.cluster.gpus_per_node
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return grad_accum_steps(self.spec, self.layout)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return padded_vocab_size(self.spec.model.vocab_size, self.layout.tp)
+
+    @property
+    def spec_sha256(self) -> str:
+        return spec_sha256(self.spec)
+
+    def plan_record(self) -> dict:
+        """plan.json: the chosen LAYOUT and the top candidates (the shape of `orch plan --json`)."""
+        return {"chosen": self.chosen, "candidates": self.candidates}
+
+
+def build_plan(spec: Spec, *, top_k: int = 5, cost=None) -> Plan:
+    """Plan a spec: estimate its layout when fully fixed, otherwise search the open fields."""
+    from .planner import search  # noqa: PLC0415  (keeps `orch --help` light)
+
+    result = search(spec, top_k=top_k, cost=cost)
+    layout = result.chosen.layout
+    return Plan(spec=with_layout(spec, layout), layout=layout, chosen=result.chosen.to_dict(),
+                candidates=[c.to_dict() for c in result.candidates])
+
+
+def with_layout(spec: Spec, layout: Layout) -> Spec:
+    """The spec with every parallelism field fixed to ``layout`` (what spec.resolved.yaml records)."""
+    return dataclasses.replace(spec, parallelism=ParallelismSpec(
+        tensor=layout.tp, pipeline=layout.pp, virtual_pipeline=layout.vpp, data=layout.dp,
+        zero_stage=layout.zero_stage, micro_batch_size=layout.micro_batch_size,
+        sequence_parallel=layout.sequence_parallel, recompute=layout.recompute, offload=layout.offload))
+

@@ -1,0 +1,101 @@
+"""render_ds_config(plan) -> the DeepSpeed config dict: fully resolved, no "auto".
+
+Every number comes from the Plan; DeepSpeed's spellings live only here.
+"""
+from __future__ import annotations
+
+from ..plan import Plan
+
+# DeepSpeed's own default bucket (elements), tuned by its authors on V100/A100 clusters.
+REDUCE_BUCKET_ELEMENTS = 500_000_000
+_OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
+
+
+def render_ds_config(plan: Plan) -> dict:
+    spec, lay = plan.spec, plan.layout
+    t = spec.training
+    config = {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": lay.micro_batch_size,
+        "gradient_accumulation_steps": plan.grad_accum_steps,
+        "gradient_clipping": t.gradient_clipping,
+        "steps_per_print": 10,
+        "bf16": {"enabled": t.precision == "bf16"},
+        "fp16": _fp16(t.precision == "fp16"),
+        "zero_optimization": _zero(plan),
+        "optimizer": _optimizer(plan),
+        "scheduler": _scheduler(plan),
+        "wall_clock_breakdown": spec.tracking.wall_clock_breakdown,
+        "comms_logger": {"enabled": spec.tracking.comms_logger, "verbose": False, "prof_all": True,
+                         "debug": False},
+    }
+    if lay.pp > 1:
+        config["pipeline"] = {"stages": lay.pp, "partition": "parameters",
+                              "activation_checkpoint_interval": 1 if lay.recompute == "full" else 0,
+                              "pipe_partitioned": lay.tp > 1, "grad_partitioned": lay.tp > 1}
+    if lay.recompute != "none":
+        config["activation_checkpointing"] = {
+            "partition_activations": lay.tp > 1, "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False, "number_checkpoints": None,
+            "synchronize_checkpoint_boundary": False, "profile": False}
+    return config
+
+
+def _fp16(enabled: bool) -> dict:
+    if not enabled:
+        return {"enabled": False}
+    # Dynamic loss scaling (loss_scale 0) starting at 2^16, DeepSpeed's documented defaults.
+    return {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+            "hysteresis": 2, "min_loss_scale": 1}
+
+
+def _zero(plan: Plan) -> dict:
+    lay, h = plan.layout, plan.spec.model.hidden_size
+    zero: dict = {"stage": lay.zero_stage}
+    if lay.zero_stage == 0:
+        return zero
+    zero.update({"overlap_comm": True, "contiguous_gradients": True,
+                 "reduce_bucket_size": REDUCE_BUCKET_ELEMENTS})
+    if lay.zero_stage in (1, 2):
+        zero.update({"reduce_scatter": True, "allgather_partitions": True,
+                     "allgather_bucket_size": REDUCE_BUCKET_ELEMENTS})
+    if lay.zero_stage == 3:
+        # Per-layer sizing (h^2 prefetch, 10h persistence), as DeepSpeed's HF integration derives it.
+        zero.update({"stage3_prefetch_bucket_size": int(0.9 * h * h),
+                     "stage3_param_persistence_threshold": 10 * h,
+                     "stage3_max_live_parameters": 1_000_000_000,
+                     "stage3_max_reuse_distance": 1_000_000_000,
+                     "stage3_gather_16bit_weights_on_model_save": True})
+    if lay.offload in ("optimizer", "optimizer+params"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.spec.cluster.gpu != "cpu"}
+    if lay.offload == "optimizer+params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": plan.spec.cluster.gpu != "cpu"}
+    return zero
+
+
+def _optimizer(plan: Plan) -> dict:
+    o = plan.spec.training.optimizer
+    params: dict = {"lr": o.lr, "weight_decay": o.weight_decay}
+    if o.type == "sgd":
+        params["momentum"] = o.betas[0]
+    else:
+        params.update({"betas": list(o.betas), "eps": o.eps})
+        if plan.spec.cluster.gpu == "cpu" and plan.layout.offload == "none":
+            params["torch_adam"] = True  # plain torch.optim on CPU: no fused op to compile
+    return {"type": _OPTIMIZER_TYPES[o.type], "params": params}
+
+
+def _scheduler(plan: Plan) -> dict:
+    t = plan.spec.training
+    s, lr = t.lr_schedule, t.optimizer.lr
+    warmup = min(s.warmup_iters, t.train_iters)
+    if s.decay == "cosine":
+        return {"type": "WarmupCosineLR",
+                "params": {"total_num_steps": t.train_iters, "warmup_num_steps": warmup,
+                           "warmup_min_ratio": 0.0, "cos_min_ratio": s.min_lr / lr, "warmup_type": "linear"}}
+    if s.decay == "linear":
+        return {"type": "WarmupDecayLR",
+                "params": {"total_num_steps": t.train_iters, "warmup_num_steps": warmup,
+                           "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_type": "linear"}}
+    return {"type": "WarmupLR", "params": {"warmup_num_steps": warmup, "warmup_min_lr": 0.0,
+                                           "warmup_max_lr": lr, "warmup_type": "linear"}}

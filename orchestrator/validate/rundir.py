@@ -1,0 +1,100 @@
+"""Cross-checks of a run dir: files intact (manifest hashes) and agreeing with each other and the plan."""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from ..errors import Problem, SpecError
+from ..rundir import MANIFEST, RunDir, read_run_dir
+
+
+def validate_run_dir(path: Path, *, deep: bool = True) -> list[Problem]:
+    try:
+        run = read_run_dir(path)
+    except SpecError as e:
+        return [Problem(f"{path}/{p.path}" if p.path != str(path) else p.path, p.message, p.hint)
+                for p in e.problems]
+    problems = check_manifest(run)
+    problems += check_plan_agrees(run)
+    problems += _file_checks(run, deep=deep)
+    return problems
+
+
+def check_manifest(run: RunDir) -> list[Problem]:
+    """Every file listed in manifest.json exists with the recorded sha256; the spec hash matches."""
+    from ..spec import spec_sha256  # noqa: PLC0415
+
+    problems = []
+    for name, digest in sorted(run.manifest.get("files", {}).items()):
+        file = run.path / name
+        if not file.is_file():
+            problems.append(Problem(f"{run.path}/{name}", "listed in manifest.json but missing",
+                                    "re-run `orch generate --force`"))
+        elif hashlib.sha256(file.read_bytes()).hexdigest() != digest:
+            problems.append(Problem(f"{run.path}/{name}", "changed since `orch generate` (sha256 differs "
+                                    "from manifest.json)", "change the spec and re-generate instead of "
+                                    "editing generated files"))
+    if run.manifest.get("spec_sha256") != spec_sha256(run.spec):
+        problems.append(Problem(f"{run.path}/{MANIFEST}", "spec_sha256 does not match spec.resolved.yaml",
+                                "re-run `orch generate --force`"))
+    return problems
+
+
+def check_plan_agrees(run: RunDir) -> list[Problem]:
+    """plan.json's chosen layout, ds_config.json and the launch scripts describe the same job."""
+    from ..layout import layout_from_spec  # noqa: PLC0415
+
+    lay, chosen, ds = layout_from_spec(run.spec), run.chosen, run.ds_config
+    where = f"{run.path}/plan.json:chosen"
+    problems = [Problem(f"{where}.{key}", f"{chosen.get(key)!r} but spec.resolved.yaml says {value!r}",
+                        "re-run `orch generate --force`")
+                for key, value in (("tp", lay.tp), ("pp", lay.pp), ("dp", lay.dp), ("zero_stage", lay.zero_stage),
+                                   ("micro_batch_size", lay.micro_batch_size)) if chosen.get(key) != value]
+    expect = {"train_batch_size": run.spec.training.global_batch_size,
+              "train_micro_batch_size_per_gpu": lay.micro_batch_size,
+              "gradient_accumulation_steps": chosen.get("grad_accum_steps")}
+    problems += [Problem(f"{run.path}/ds_config.json:{key}", f"{ds.get(key)!r} but the plan says {value!r}",
+                         "re-run `orch generate --force`")
+                 for key, value in expect.items() if ds.get(key) != value]
+    stage = ds.get("zero_optimization", {}).get("stage") if isinstance(ds.get("zero_optimization"), dict) else None
+    if stage != lay.zero_stage:
+        problems.append(Problem(f"{run.path}/ds_config.json:zero_optimization.stage",
+                                f"{stage!r} but the plan says {lay.zero_stage!r}", "re-run `orch generate --force`"))
+    problems += _script_checks(run)
+    return problems
+
+
+def _script_checks(run: RunDir) -> list[Problem]:
+    problems = []
+    procs, nodes = run.spec.cluster.gpus_per_node, run.spec.cluster.num_nodes
+    for name in ("launch_local.sh", "launch.sbatch", "launch_pdsh.sh"):
+        file = run.path / name
+        if not file.is_file():
+            problems.append(Problem(f"{run.path}/{name}", "missing", "re-run `orch generate --force`"))
+            continue
+        text = file.read_text()
+        found = set(re.findall(r"--nproc_per_node=(\d+)", text))
+        if found != {str(procs)}:
+            problems.append(Problem(f"{run.path}/{name}", f"--nproc_per_node {sorted(found)} but the plan "
+                                    f"has {procs} GPUs per node", "re-run `orch generate --force`"))
+        if run.spec.parallelism.tensor > 1 and "CUDA_DEVICE_MAX_CONNECTIONS=1" not in text:
+            problems.append(Problem(f"{run.path}/{name}", "tp > 1 but CUDA_DEVICE_MAX_CONNECTIONS=1 is not "
+                                    "exported (Megatron requires it)", "re-run `orch generate --force`"))
+    sbatch = run.path / "launch.sbatch"
+    if sbatch.is_file() and f"#SBATCH --nodes={nodes}\n" not in sbatch.read_text():
+        problems.append(Problem(f"{sbatch}", f"#SBATCH --nodes does not say {nodes}", "re-run `orch generate --force`"))
+    return problems
+
+
+def _file_checks(run: RunDir, *, deep: bool) -> list[Problem]:
+    """Each generated file through its own validator, at the plan's world size."""
+    from .deepspeed import validate_ds_config_file  # noqa: PLC0415
+    from .megatron import validate_megatron_args_file  # noqa: PLC0415
+
+    world, lay = run.spec.world_size, run.spec.parallelism
+    problems = validate_ds_config_file(run.path / "ds_config.json", world_size=world,
+                                       model_parallel_size=lay.tensor * lay.pipeline, deep=deep)
+    if (run.path / "megatron_args.txt").is_file():
+        problems += validate_megatron_args_file(run.path / "megatron_args.txt", world_size=world, deep=deep)
+    return problems

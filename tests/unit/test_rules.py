@@ -1,0 +1,85 @@
+"""Cross-field rules: each one fires on its own, shows its operands, and says how to fix it."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.layout import Layout, check_layout, padded_vocab_size, require_complete
+from orchestrator.spec import parse_spec
+from tests.conftest import spec_data
+
+BIG = {"model.preset": "gpt3-7.5b", "cluster.gpu": "a100-80gb", "cluster.num_nodes": 8,
+       "cluster.gpus_per_node": 8, "training.global_batch_size": 512, "training.precision": "bf16"}
+
+CASES = [
+    # (overrides, expected path, text that must appear in the message)
+    ({**BIG, "parallelism.tensor": 8, "parallelism.pipeline": 4, "parallelism.data": 3},
+     "parallelism.data", "tp(8) * pp(4) * dp(3) = 96 != world_size(64)"),
+    ({**BIG, "parallelism.tensor": 3}, "parallelism.tensor", "tp(3)"),
+    ({**BIG, "model.num_attention_heads": 24, "parallelism.tensor": 16, "cluster.gpus_per_node": 16},
+     "parallelism.tensor", "num_attention_heads(24) % tp(16)"),
+    ({**BIG, "model.num_query_groups": 2, "parallelism.tensor": 4}, "parallelism.tensor", "num_query_groups(2) % tp(4)"),
+    ({**BIG, "parallelism.pipeline": 8, "model.num_layers": 36}, "parallelism.pipeline", "num_layers(36) % pp(8)"),
+    ({**BIG, "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 2, "model.num_layers": 36},
+     "parallelism.virtual_pipeline", "num_layers(36) % (pp(4) * vpp(2) = 8)"),
+    ({**BIG, "parallelism.pipeline": 1, "parallelism.virtual_pipeline": 2}, "parallelism.virtual_pipeline",
+     "needs pipeline > 2"),
+    ({**BIG, "parallelism.tensor": 1, "parallelism.pipeline": 1, "parallelism.micro_batch_size": 3},
+     "training.global_batch_size", "global_batch_size(512) % (micro_batch_size(3) * dp(64) = 192)"),
+    ({**BIG, "parallelism.tensor": 1, "parallelism.sequence_parallel": True}, "parallelism.sequence_parallel",
+     "needs tp > 1"),
+    ({**BIG, "model.seq_length": 2050, "parallelism.tensor": 4, "parallelism.sequence_parallel": True},
+     "parallelism.sequence_parallel", "seq_length(2050) % tp(4)"),
+    ({**BIG, "parallelism.pipeline": 2, "parallelism.zero_stage": 2}, "parallelism.zero_stage",
+     "does not support ZeRO-2"),
+    ({**BIG, "parallelism.zero_stage": 0, "parallelism.offload": "optimizer"}, "parallelism.offload",
+     "needs zero_stage >= 1"),
+    ({**BIG, "parallelism.zero_stage": 2, "parallelism.offload": "optimizer+params"}, "parallelism.offload",
+     "needs zero_stage 3"),
+    ({**BIG, "model.hidden_size": 4000, "model.num_attention_heads": 48}, "model.hidden_size",
+     "hidden_size(4000) % num_attention_heads(48)"),
+    ({**BIG, "model.num_query_groups": 5}, "model.num_query_groups", "num_attention_heads(32) % num_query_groups(5)"),
+    ({"training.precision": "fp16"}, "training.precision", "fp16 does not run on CPU"),
+    ({"data.synthetic": False}, "data.path", "no data.path"),
+    ({"launch.backend": "pdsh", "launch.pdsh.hosts": ["a", "b"]}, "launch.pdsh.hosts", "2 host(s) for num_nodes(1)"),
+    ({"launch.pdsh.hosts": ["-oProxyCommand=x"]}, "launch.pdsh.hosts[0]", "not a host name"),
+    ({**BIG, "parallelism.pipeline": 64, "cluster.num_nodes": 8, "model.num_layers": 36}, "parallelism.pipeline",
+     "pp(64) > num_layers(36)"),
+]
+
+
+@pytest.mark.parametrize("overrides,path,text", CASES, ids=[c[1] + ":" + c[2][:20] for c in CASES])
+def test_rule_fires_with_operands(overrides, path, text):
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec_data(**overrides))
+    matches = [p for p in info.value.problems if p.path == path and text in p.message]
+    assert matches, [str(p) for p in info.value.problems]
+    assert matches[0].hint  # every problem says how to fix it
+
+
+def test_valid_big_layout_passes():
+    spec = parse_spec(spec_data(**{**BIG, "parallelism.tensor": 4, "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
+                                   "parallelism.sequence_parallel": True}))
+    assert spec.parallelism.tensor == 4
+
+
+def test_dp_is_derived_never_floored():
+    spec = parse_spec(spec_data(**{**BIG, "parallelism.tensor": 4, "parallelism.pipeline": 2,
+                                   "parallelism.zero_stage": 1}))
+    lay = Layout(tp=4, pp=2, dp=8, micro_batch_size=3, vpp=1, zero_stage=1)
+    [p] = check_layout(spec, lay)  # 512 % (3*8) != 0: reported, not rounded down to 504
+    assert "global_batch_size(512)" in p.message and "504" in p.hint
+
+
+@pytest.mark.parametrize("vocab,tp,padded", [(51200, 1, 51200), (50257, 1, 50304), (50257, 8, 51200),
+                                             (128256, 8, 129024), (32000, 4, 32256)])
+def test_vocab_padding_matches_megatron(vocab, tp, padded):
+    assert padded_vocab_size(vocab, tp) == padded
+    assert padded % (128 * tp) == 0 and 0 <= padded - vocab < 128 * tp
+
+
+def test_open_fields_are_a_clear_error_for_fixed_only_callers():
+    spec = parse_spec(spec_data(**{"parallelism.zero_stage": None, "parallelism.recompute": None}))
+    with pytest.raises(SpecError) as info:
+        require_complete(spec)
+    assert {p.path for p in info.value.problems} == {"parallelism.zero_stage", "parallelism.recompute"}

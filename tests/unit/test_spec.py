@@ -1,0 +1,103 @@
+"""The spec: typed parsing, presets, defaults, and every problem reported at once."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.spec import load_spec, parse_spec, spec_sha256, spec_to_data
+from tests.conftest import TINY_SPEC, spec_data
+
+
+def problems_of(data) -> list:
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    return info.value.problems
+
+
+def test_tiny_spec_resolves_preset_and_defaults():
+    spec = parse_spec(TINY_SPEC)
+    assert spec.model.num_layers == 4 and spec.model.hidden_size == 128
+    assert spec.model.num_query_groups == spec.model.num_attention_heads  # GQA default
+    assert spec.model.ffn_hidden_size == 4 * spec.model.hidden_size
+    assert spec.tracking.wandb.group == "tiny"  # default group = the spec name
+    assert spec.world_size == 2
+
+
+def test_explicit_fields_override_the_preset():
+    spec = parse_spec(spec_data(**{"model.num_layers": 6, "model.ffn_hidden_size": 300}))
+    assert spec.model.num_layers == 6 and spec.model.ffn_hidden_size == 300
+    assert spec.model.hidden_size == 128  # still from the preset
+
+
+def test_llama_preset_has_gqa_and_swiglu():
+    spec = parse_spec({"name": "l", "model": {"preset": "llama3-70b"}, "cluster": {"gpu": "h100-sxm"},
+                       "training": {"global_batch_size": 8}})
+    m = spec.model
+    assert (m.num_query_groups, m.ffn_hidden_size, m.gated_mlp, m.tie_embeddings) == (8, 28672, True, False)
+
+
+def test_unknown_key_gets_did_you_mean():
+    [p] = problems_of(spec_data(**{"training.global_batch_sise": 8}))
+    assert p.path == "training.global_batch_sise" and "global_batch_size" in p.hint
+
+
+def test_every_problem_is_reported_not_just_the_first():
+    data = spec_data(**{"model.hiden_size": 1, "cluster.gpu": "h100", "training.precision": "bf32",
+                        "parallelism.zero_stage": 5})
+    paths = {p.path for p in problems_of(data)}
+    assert paths == {"model.hiden_size", "cluster.gpu", "training.precision", "parallelism.zero_stage"}
+
+
+def test_bounds_and_rules_reported_together():
+    data = spec_data(**{"name": "bad name", "parallelism.tensor": 3})
+    paths = [p.path for p in problems_of(data)]
+    assert "name" in paths and "parallelism.tensor" in paths
+
+
+def test_strings_are_not_numbers_or_booleans():
+    problems = problems_of(spec_data(**{"training.global_batch_size": "8",
+                                        "parallelism.sequence_parallel": "yes"}))
+    messages = {p.path: p.message for p in problems}
+    assert "string '8'" in messages["training.global_batch_size"]
+    assert "string 'yes'" in messages["parallelism.sequence_parallel"]
+
+
+def test_booleans_are_not_integers():
+    [p] = problems_of(spec_data(**{"parallelism.tensor": True}))
+    assert p.path == "parallelism.tensor" and "boolean" in p.message
+
+
+def test_empty_section_means_defaults():
+    data = spec_data()
+    data["parallelism"] = None
+    spec = parse_spec(data)
+    assert spec.parallelism.tensor is None  # open: the planner searches it
+
+
+def test_json_and_yaml_load_the_same(tmp_path):
+    import yaml
+
+    (tmp_path / "s.json").write_text(json.dumps(TINY_SPEC))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(TINY_SPEC))
+    assert load_spec(tmp_path / "s.json") == load_spec(tmp_path / "s.yaml")
+
+
+def test_load_errors_name_the_file_and_position(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel: [\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(bad)
+    assert str(bad) in info.value.problems[0].path and ":3:" in info.value.problems[0].path
+
+
+def test_hash_is_stable_and_content_based():
+    a, b = parse_spec(TINY_SPEC), parse_spec(json.loads(json.dumps(TINY_SPEC)))
+    assert spec_sha256(a) == spec_sha256(b)
+    assert spec_sha256(a) != spec_sha256(parse_spec(spec_data(**{"training.train_iters": 11})))
+
+
+def test_resolved_data_round_trips():
+    spec = parse_spec(TINY_SPEC)
+    assert parse_spec(spec_to_data(spec)) == spec
