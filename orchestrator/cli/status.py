@@ -1,0 +1,25 @@
+"""orch status RUN_DIR: the scheduler state of a launched run dir."""
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command(name="status")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print {backend, job_id, state} as JSON.")
+def command(run_dir, as_json) -> None:
+    """Print the job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...). Exit 0 unless the job
+    FAILED (then 1)."""
+    from ..launch import backend_module
+    from ..launch.base import CommandRunner, JobRecord, JobState
+
+    record = JobRecord.load(run_dir)
+    state = backend_module(record.backend).status(record, CommandRunner())
+    if as_json:
+        click.echo(json.dumps({"backend": record.backend, "job_id": record.job_id, "state": state.value}))
+    else:
+        click.echo(f"{record.backend} job {record.job_id}: {state.value}")
+    if state in (JobState.FAILED, JobState.NODE_FAIL, JobState.OUT_OF_MEMORY, JobState.TIMEOUT):
+        raise click.exceptions.Exit(1)

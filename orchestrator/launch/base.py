@@ -1,0 +1,139 @@
+"""What every launch backend shares: the LaunchPlan, the job record, job states and the one runner.
+
+A backend builds a :class:`LaunchPlan` purely from a run dir (argv, environment, working directory);
+:class:`CommandRunner` is the only place that starts processes, so tests can see exactly what runs.
+The job record (``RUN_DIR/job.json``) remembers what was started for ``orch status`` / ``orch cancel``.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import OrchError
+
+JOB_RECORD = "job.json"
+LOG_DIR = "logs"
+SECRET_ENV = ("WANDB_API_KEY",)
+
+
+class JobState(enum.Enum):
+    """Scheduler-neutral job states (SLURM's names where they exist)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    PREEMPTED = "PREEMPTED"
+    REQUEUED = "REQUEUED"
+    NODE_FAIL = "NODE_FAIL"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED, JobState.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Exactly what a backend will run: argv in cwd with env added to the caller's environment."""
+
+    backend: str
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """Shell-pasteable form: cd, the added environment (secrets masked) and the command."""
+        env = " ".join(f"{k}={shlex.quote('***' if k in SECRET_ENV else v)}" for k, v in sorted(self.env.items()))
+        cmd = " ".join(shlex.quote(a) for a in self.argv)
+        return f"cd {shlex.quote(str(self.cwd))} && {env + ' ' if env else ''}{cmd}"
+
+
+@dataclass
+class JobRecord:
+    """What was started, persisted as RUN_DIR/job.json."""
+
+    backend: str
+    job_id: str
+    run_dir: str
+    submitted_unix: float
+    log_path: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def save(self) -> None:
+        path = Path(self.run_dir) / JOB_RECORD
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), sort_keys=True, indent=2) + "\n")
+        os.replace(tmp, path)
+
+    @staticmethod
+    def load(run_dir: str | Path) -> "JobRecord":
+        path = Path(run_dir) / JOB_RECORD
+        if not path.is_file():
+            raise OrchError(f"{run_dir}: nothing was launched from this run dir (no {JOB_RECORD}); "
+                            "start it with `orch launch`")
+        return JobRecord(**json.loads(path.read_text()))
+
+
+class CommandRunner:
+    """The one boundary where orch starts processes."""
+
+    def run(self, argv: list[str], *, cwd: Path | None = None, env: dict | None = None,
+            timeout_s: float | None = 60, check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            result = subprocess.run(argv, cwd=cwd, env=_merged(env), capture_output=True, text=True,
+                                    timeout=timeout_s)
+        except FileNotFoundError:
+            raise OrchError(f"`{argv[0]}` is not installed or not on PATH") from None
+        except subprocess.TimeoutExpired:
+            raise OrchError(f"`{' '.join(argv)}` did not answer within {timeout_s} s") from None
+        if check and result.returncode != 0:
+            raise OrchError(f"`{' '.join(argv)}` exited {result.returncode}: "
+                            f"{(result.stderr or result.stdout).strip()[-2000:]}")
+        return result
+
+    def start(self, plan: LaunchPlan, *, log_path: Path | None = None) -> subprocess.Popen:
+        """Start a LaunchPlan in its own session (so the whole process group can be signalled)."""
+        out = open(log_path, "ab") if log_path else None  # noqa: SIM115 (the child owns it)
+        try:
+            return subprocess.Popen(plan.argv, cwd=plan.cwd, env=_merged(plan.env), start_new_session=True,
+                                    stdout=out or None, stderr=subprocess.STDOUT if out else None)
+        except FileNotFoundError:
+            raise OrchError(f"`{plan.argv[0]}` is not installed or not on PATH") from None
+        finally:
+            if out:
+                out.close()
+
+
+def _merged(env: dict | None) -> dict | None:
+    return {**os.environ, **env} if env else None
+
+
+def tail_lines(path: Path, n: int = 20) -> list[str]:
+    """The last n lines of a text file ([] when it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return f.read().decode(errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+)", re.S)
+_EXITCODE = re.compile(r"Root Cause.*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def torchrun_failure(text: str) -> tuple[int, int] | None:
+    """(rank, exit code) of the first failed worker from torchrun's error summary, if present."""
+    rank, code = _ROOT_CAUSE.search(text), _EXITCODE.search(text)
+    return (int(rank.group(1)), int(code.group(1))) if rank and code else None

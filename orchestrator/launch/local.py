@@ -1,0 +1,131 @@
+"""The local backend: torchrun with the plan's processes on this host (the default; works on a laptop).
+
+It runs the run dir's own ``launch_local.sh`` (what a user would run by hand) with the current Python,
+a free rendezvous port, and torchrun's per-rank logs under ``RUN_DIR/logs/torchrun``.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ..errors import OrchError
+from ..rundir import RunDir
+from .base import LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, tail_lines, torchrun_failure
+
+EXIT_CODE_FILE = "exitcode"
+
+
+class LaunchFailed(OrchError):
+    """The job ran and failed; exit_code is the child's."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build(run: RunDir, *, master_port: int | None = None) -> LaunchPlan:
+    """The LaunchPlan of a local run: the generated script, wrapped to record its exit code."""
+    logs = Path(LOG_DIR)
+    env = {"ORCH_PYTHON": sys.executable, "MASTER_PORT": str(master_port or free_port()),
+           "ORCH_TORCHRUN_ARGS": f"--log-dir {logs / 'torchrun'} --redirects 3 --tee 3"}
+    wrapper = 'bash "$0"; code=$?; echo "$code" > "$1"; exit "$code"'
+    argv = ["bash", "-c", wrapper, "launch_local.sh", str(logs / EXIT_CODE_FILE)]
+    return LaunchPlan(backend="local", argv=argv, cwd=run.path, env=env)
+
+
+def submit(plan: LaunchPlan, runner: CommandRunner):
+    """Start the job in the background; returns (JobRecord, Popen)."""
+    logs = plan.cwd / LOG_DIR
+    logs.mkdir(exist_ok=True)
+    (logs / EXIT_CODE_FILE).unlink(missing_ok=True)
+    log_path = logs / "launch.log"
+    proc = runner.start(plan, log_path=log_path)
+    record = JobRecord(backend="local", job_id=str(proc.pid), run_dir=str(plan.cwd),
+                       submitted_unix=time.time(), log_path=str(log_path))
+    record.save()
+    return record, proc
+
+
+def status(record: JobRecord, runner: CommandRunner | None = None) -> JobState:
+    code_file = Path(record.run_dir) / LOG_DIR / EXIT_CODE_FILE
+    if code_file.is_file():
+        text = code_file.read_text().strip()
+        return JobState.COMPLETED if text == "0" else JobState.CANCELLED if text in ("130", "143") \
+            else JobState.FAILED
+    return JobState.RUNNING if _alive(int(record.job_id)) else JobState.CANCELLED
+
+
+def cancel(record: JobRecord, runner: CommandRunner | None = None, *, grace_s: float = 10) -> None:
+    stop_group(int(record.job_id), grace_s=grace_s)
+
+
+def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
+    code_file = Path(record.run_dir) / LOG_DIR / EXIT_CODE_FILE
+    try:
+        return int(code_file.read_text().strip())
+    except (OSError, ValueError):
+        return 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (finished, not yet reaped) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop_group(pgid: int, *, grace_s: float = 10) -> None:
+    """SIGINT the job's process group (torchrun stops its workers), then SIGTERM, then SIGKILL."""
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not _group_alive(pgid):
+                return
+            time.sleep(0.1)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def failure_report(record: JobRecord, runner: CommandRunner | None, code: int) -> str:
+    """Which rank failed and its last log lines, from torchrun's summary and per-rank logs."""
+    run_dir = Path(record.run_dir)
+    launch_log = run_dir / LOG_DIR / "launch.log"
+    text = "\n".join(tail_lines(launch_log, 400))
+    found = torchrun_failure(text)
+    if not found:
+        return f"the job exited with code {code}; last lines of {launch_log}:\n" + \
+            "\n".join("  " + line for line in tail_lines(launch_log, 20))
+    rank, rank_code = found
+    logs = sorted((run_dir / LOG_DIR / "torchrun").glob(f"*/attempt_*/{rank}/stderr.log"),
+                  key=lambda p: p.stat().st_mtime)
+    lines = tail_lines(logs[-1], 20) if logs else tail_lines(launch_log, 20)
+    return (f"rank {rank} failed with exit code {rank_code}; last lines of its log "
+            f"({logs[-1] if logs else launch_log}):\n" + "\n".join("  " + line for line in lines))
