@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -22,6 +23,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from .errors import Problem
 
 MISSING = dataclasses.MISSING
+_INVALID = object()  # a value of the wrong type: the record holding it cannot be built
 
 
 def spec_field(default: Any = MISSING, *, doc: str, minimum: float | None = None,
@@ -115,7 +117,7 @@ def parse(cls: type, data: Any, path: str, problems: list[Problem]) -> Any:
             ok = False
             continue
         parsed = _parse_value(hints[key], value, sub, problems, fields[key].metadata)
-        if parsed is None and value is not None:
+        if parsed is _INVALID:
             ok = False  # wrong type: the record cannot be built (out-of-range values still can)
         kwargs[key] = parsed
     for name, f in fields.items():
@@ -135,10 +137,11 @@ def _parse_value(tp: Any, value: Any, path: str, problems: list[Problem], meta: 
         if optional:
             return None
         problems.append(Problem(path, f"must be {_article(type_name(tp))}, got null", "give a value or remove the key"))
-        return None
+        return _INVALID
     tp = inner
     if dataclasses.is_dataclass(tp):
-        return parse(tp, value, path, problems)
+        record = parse(tp, value, path, problems)
+        return _INVALID if record is None else record
     origin = get_origin(tp)
     if origin is Literal:
         allowed = list(get_args(tp))
@@ -147,14 +150,14 @@ def _parse_value(tp: Any, value: Any, path: str, problems: list[Problem], meta: 
         hint = did_you_mean(str(value), [str(a) for a in allowed]) if isinstance(value, str) else \
             "allowed: " + ", ".join(repr(a) for a in allowed)
         problems.append(Problem(path, f"{_describe(value)} is not allowed", hint))
-        return None
+        return _INVALID
     if origin is list:
         if not isinstance(value, list):
             problems.append(Problem(path, f"must be a list, got {_describe(value)}", "write [a, b, ...]"))
-            return None
+            return _INVALID
         item_tp = get_args(tp)[0]
         items = [_parse_value(item_tp, v, f"{path}[{i}]", problems, {}) for i, v in enumerate(value)]
-        return None if any(i is None and v is not None for i, v in zip(items, value)) else items
+        return _INVALID if any(item is _INVALID for item in items) else items
     return _parse_scalar(tp, value, path, problems, meta or {})
 
 
@@ -167,9 +170,12 @@ def _parse_scalar(tp: Any, value: Any, path: str, problems: list[Problem], meta:
         hint = {bool: "write true or false, unquoted", int: "write a whole number, unquoted",
                 float: "write a number, unquoted", str: "quote the value"}[tp]
         problems.append(Problem(path, f"must be {_article(type_name(tp))}, got {_describe(value)}", hint))
-        return None
+        return _INVALID
     if tp is float:
         value = float(value)
+        if not math.isfinite(value):
+            problems.append(Problem(path, f"{value!r} is not a finite number", "write a finite number"))
+            return _INVALID
     if meta.get("minimum") is not None and value < meta["minimum"]:
         problems.append(Problem(path, f"{value!r} is below the minimum {meta['minimum']!r}",
                                 f"use a value >= {meta['minimum']!r}"))
