@@ -21,10 +21,12 @@ def command(paths, world_size, model_parallel_size, static_only, as_json) -> Non
     """
     from ..validate import validate_path
 
-    problems = []
+    problems, notes = [], []
     for path in paths:
         problems += validate_path(path, world_size=world_size, model_parallel_size=model_parallel_size,
-                                  deep=not static_only)
+                                  deep=not static_only, notes=notes)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
     if as_json:
         click.echo(json.dumps([p.to_dict() for p in problems], indent=2))
     else:

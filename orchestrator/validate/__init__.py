@@ -43,8 +43,11 @@ def detect_kind(path: Path) -> str:
 
 
 def validate_path(path: str | Path, *, world_size: int | None = None, model_parallel_size: int = 1,
-                  deep: bool = True) -> list[Problem]:
-    """Every problem in one spec, ds_config.json, Megatron args file or run dir."""
+                  deep: bool = True, notes: list[str] | None = None) -> list[Problem]:
+    """Every problem in one spec, ds_config.json, Megatron args file or run dir.
+
+    ``notes`` collects sentences for people that are not problems (a check skipped, an assumption made).
+    """
     path = Path(path)
     if not path.exists():
         return [Problem(str(path), "no such file or directory", "check the path")]
@@ -52,14 +55,14 @@ def validate_path(path: str | Path, *, world_size: int | None = None, model_para
     if kind == "rundir":
         from .rundir import validate_run_dir  # noqa: PLC0415
 
-        return validate_run_dir(path, deep=deep)
+        return validate_run_dir(path, deep=deep, notes=notes)
     if kind == "spec":
         return validate_spec_file(path)
     if kind == "ds_config":
         from .deepspeed import validate_ds_config_file  # noqa: PLC0415
 
         return validate_ds_config_file(path, world_size=world_size, model_parallel_size=model_parallel_size,
-                                       deep=deep)
+                                       deep=deep, notes=notes)
     if kind == "megatron_config":
         from .megatron import validate_megatron_config_file  # noqa: PLC0415
 

@@ -9,7 +9,7 @@ from ..errors import Problem, SpecError
 from ..rundir import MANIFEST, RunDir, read_run_dir
 
 
-def validate_run_dir(path: Path, *, deep: bool = True) -> list[Problem]:
+def validate_run_dir(path: Path, *, deep: bool = True, notes: list[str] | None = None) -> list[Problem]:
     try:
         run = read_run_dir(path)
     except SpecError as e:
@@ -17,7 +17,7 @@ def validate_run_dir(path: Path, *, deep: bool = True) -> list[Problem]:
                 for p in e.problems]
     problems = check_manifest(run)
     problems += check_plan_agrees(run)
-    problems += _file_checks(run, deep=deep)
+    problems += _file_checks(run, deep=deep, notes=notes)
     return problems
 
 
@@ -87,14 +87,14 @@ def _script_checks(run: RunDir) -> list[Problem]:
     return problems
 
 
-def _file_checks(run: RunDir, *, deep: bool) -> list[Problem]:
+def _file_checks(run: RunDir, *, deep: bool, notes: list[str] | None) -> list[Problem]:
     """Each generated file through its own validator, at the plan's world size."""
     from .deepspeed import validate_ds_config_file  # noqa: PLC0415
     from .megatron import validate_megatron_args_file  # noqa: PLC0415
 
     world, lay = run.spec.world_size, run.spec.parallelism
     problems = validate_ds_config_file(run.path / "ds_config.json", world_size=world,
-                                       model_parallel_size=lay.tensor * lay.pipeline, deep=deep)
+                                       model_parallel_size=lay.tensor * lay.pipeline, deep=deep, notes=notes)
     if (run.path / "megatron_args.txt").is_file():
         problems += validate_megatron_args_file(run.path / "megatron_args.txt", world_size=world, deep=deep)
     return problems
