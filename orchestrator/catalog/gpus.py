@@ -5,6 +5,20 @@ Peaks are DENSE figures (NVIDIA datasheets print bf16/fp16 "with sparsity", twic
 GPUs of one node; ``inter_node_bandwidth_GBps`` is the bandwidth ONE GPU gets across nodes (its share of
 the node's NICs, e.g. 8x 200 Gb/s HDR for 8 GPUs = 25 GB/s). The spec's ``cluster.*_bandwidth_GBps``
 override both with what the user measured. HBM is what ``nvidia-smi`` / ``rocm-smi`` reports as total.
+
+``matmul_efficiency`` is the measured Maximum Achievable Matmul FLOPS (MAMF: the best bf16 ``torch.matmul``
+over a brute-force search of shapes, mean of 100 iterations) divided by the dense datasheet peak; it is the
+ceiling the cost model's GEMM-efficiency model starts from (``orchestrator/estimate/compute.py``).
+``num_sms`` (streaming multiprocessors / compute units) sets the wave-quantisation of GEMM tiles.
+``sustained_clock_fraction`` is the clock a GPU holds at its power limit under sustained dense tensor-core
+load (every GPU of the node busy) over the clock its datasheet peak assumes: MAMF is a short burst at boost
+clock, training is not. A100: 1305/1410 MHz, the clock NVIDIA uses for A100 HPL Rpeak because it is what
+the 400 W limit sustains (G. Lockwood, glennklockwood.com/garden/peak-FLOPS). Not published for the other
+parts; the same 7% drop is assumed until measured (mamf-finder.py's sustained MSMF figure, or calibration).
+``attention_efficiency`` is the fraction of dense peak a fused (flash) attention kernel reaches over forward
+and backward at head dim 128: FlashAttention-2 reaches 50-73% of A100 peak forward, less backward (Dao 2023,
+arXiv 2307.08691); on H100 FlashAttention-2 reaches ~35% and FlashAttention-3 / cuDNN up to 75% forward
+(Shah et al. 2024, arXiv 2407.08608), so Hopper-class parts take a middle value for the mix of stacks.
 """
 from __future__ import annotations
 
@@ -25,6 +39,10 @@ class GpuSpec:
     inter_node_bandwidth_GBps: float
     host_link_GBps: float       # GPU <-> host memory (PCIe), what offload pays
     source: str
+    matmul_efficiency: float = 0.75   # MAMF / dense peak (bf16); see _MAMF_SRC
+    num_sms: int = 108                # SMs (CUs on AMD): one GEMM tile runs per SM per wave
+    sustained_clock_fraction: float = 0.926   # sustained clock at the power limit / datasheet clock
+    attention_efficiency: float = 0.45        # fused attention, forward + backward, fraction of peak
 
     def peak_for(self, precision: str) -> float:
         """Dense peak FLOP/s for a training precision (fp32 training runs on TF32 tensor cores)."""
@@ -43,37 +61,55 @@ _H100_SRC = ("NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989.4 TF bf16 dense 
              "NVLink4 900 GB/s bidirectional, nccl-tests all_reduce busbw ~370 GB/s on 8x H100 SXM; "
              "DGX H100: 8x 400 Gb/s NDR per 8 GPUs -> 50 GB/s per GPU (~45 GB/s measured); PCIe Gen5 x16")
 
+_MAMF_SRC = ("MAMF from S. Bekman, 'Machine Learning Engineering', compute/accelerator/README.md, "
+             "'Maximum Achievable Matmul FLOPS comparison table' (bf16, mamf-finder.py): A100 SXM 271.2/312 "
+             "(86.9%), H100 SXM 794.5/989 (80.3%, 'H200 is the same'), B200 SXM 1745/2250 (77.6%), "
+             "MI300X 781.9/1300 (60.1%, ROCm 6.2); H100 PCIe 499.5/756 from the same finder "
+             "(github.com/mag-/gpu_benchmark README). SM counts from the NVIDIA/AMD architecture whitepapers")
+
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
-    GpuSpec("a100-40gb", _A100, 40960 * MiB, 1555, 230, 25, 25, _A100_SRC + "; 40 GB HBM2, 1555 GB/s"),
-    GpuSpec("a100-80gb", _A100, 81920 * MiB, 2039, 230, 25, 25, _A100_SRC + "; 80 GB HBM2e, 2039 GB/s"),
-    GpuSpec("h100-sxm", _H100, 81559 * MiB, 3350, 370, 45, 50, _H100_SRC + "; 80 GB HBM3, 3.35 TB/s"),
+    GpuSpec("a100-40gb", _A100, 40960 * MiB, 1555, 230, 25, 25, _A100_SRC + "; 40 GB HBM2, 1555 GB/s",
+            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55),
+    GpuSpec("a100-80gb", _A100, 81920 * MiB, 2039, 230, 25, 25, _A100_SRC + "; 80 GB HBM2e, 2039 GB/s",
+            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55),
+    GpuSpec("h100-sxm", _H100, 81559 * MiB, 3350, 370, 45, 50, _H100_SRC + "; 80 GB HBM3, 3.35 TB/s",
+            matmul_efficiency=0.803, num_sms=132),
     GpuSpec("h100-pcie", {"fp32": 51.2 * TFLOPS, "tf32": 378 * TFLOPS, "bf16": 756 * TFLOPS,
                           "fp16": 756 * TFLOPS, "fp8": 1513 * TFLOPS},
             81559 * MiB, 2000, 50, 12.5, 50,
             "NVIDIA H100 PCIe datasheet: 756 TF bf16 dense, 80 GB HBM2e 2 TB/s; no NVSwitch: peers over "
-            "PCIe Gen5 (~50 GB/s busbw); typical 1x 200 Gb/s NIC per 2 GPUs -> 12.5 GB/s per GPU"),
+            "PCIe Gen5 (~50 GB/s busbw); typical 1x 200 Gb/s NIC per 2 GPUs -> 12.5 GB/s per GPU",
+            matmul_efficiency=0.661, num_sms=114),
     GpuSpec("h200", _H100, 143771 * MiB, 4800, 370, 45, 50,
             "NVIDIA H200 datasheet: same Hopper tensor cores as H100 SXM (989.4 TF bf16 dense), 141 GB HBM3e "
-            "4.8 TB/s; NVLink4 900 GB/s (busbw ~370 GB/s); 8x 400 Gb/s NDR per node -> 50 GB/s per GPU"),
+            "4.8 TB/s; NVLink4 900 GB/s (busbw ~370 GB/s); 8x 400 Gb/s NDR per node -> 50 GB/s per GPU",
+            matmul_efficiency=0.803, num_sms=132),
     GpuSpec("b200", {"fp32": 80 * TFLOPS, "tf32": 1100 * TFLOPS, "bf16": 2250 * TFLOPS,
                      "fp16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS},
             183359 * MiB, 8000, 720, 45, 50,
             "NVIDIA DGX B200 / HGX B200 datasheet: 2.25 PF bf16 dense per GPU (4.5 PF sparse), 180 GB HBM3e "
-            "8 TB/s; NVLink5 1.8 TB/s bidirectional (busbw ~720 GB/s); 8x 400 Gb/s ConnectX-7 per 8 GPUs"),
+            "8 TB/s; NVLink5 1.8 TB/s bidirectional (busbw ~720 GB/s); 8x 400 Gb/s ConnectX-7 per 8 GPUs",
+            matmul_efficiency=0.776, num_sms=148),
     GpuSpec("mi300x", {"fp32": 163.4 * TFLOPS, "tf32": 653.7 * TFLOPS, "bf16": 1307.4 * TFLOPS,
                        "fp16": 1307.4 * TFLOPS, "fp8": 2614.9 * TFLOPS},
             196592 * MiB, 5300, 310, 45, 50,
             "AMD Instinct MI300X datasheet: 1307.4 TF bf16 dense, 192 GB HBM3 5.3 TB/s; 7x Infinity Fabric "
-            "links 896 GB/s aggregate (RCCL all_reduce busbw ~310 GB/s on 8 GPUs); 400 Gb/s NIC per GPU"),
+            "links 896 GB/s aggregate (RCCL all_reduce busbw ~310 GB/s on 8 GPUs); 400 Gb/s NIC per GPU",
+            matmul_efficiency=0.601, num_sms=304, attention_efficiency=0.35),
     GpuSpec("l40s", {"fp32": 91.6 * TFLOPS, "tf32": 183 * TFLOPS, "bf16": 362.05 * TFLOPS,
                      "fp16": 362.05 * TFLOPS, "fp8": 733 * TFLOPS},
             46068 * MiB, 864, 20, 12.5, 25,
             "NVIDIA L40S datasheet: 362 TF bf16 dense (733 sparse), 48 GB GDDR6 864 GB/s; no NVLink: "
-            "peers over PCIe Gen4 (~20 GB/s busbw); typical 200 Gb/s NIC per 2 GPUs"),
+            "peers over PCIe Gen4 (~20 GB/s busbw); typical 200 Gb/s NIC per 2 GPUs; matmul efficiency not "
+            "measured in the MAMF table: 0.70 assumed (below the Hopper/Ampere SXM parts)",
+            matmul_efficiency=0.70, num_sms=142),
     GpuSpec("cpu", {"fp32": 1e11, "tf32": 1e11, "bf16": 1e11, "fp16": 1e11},
             8 * GiB, 20, 1.0, 1.0, 20,
             "One CPU training process (orch's CPU test target). Peak 100 GFLOP/s: one x86-64 core with two "
             "AVX2 FMA units, 8 fp32 lanes each, at ~3 GHz (2*2*8*3e9 = 96e9), rounded. 'HBM' is the share "
             "of host memory a process may use; bandwidths are gloo over loopback (~1 GB/s measured, "
-            "10M fp32 all_reduce in ~40 ms on 2 processes)"),
+            "10M fp32 all_reduce in ~40 ms on 2 processes); matmul efficiency 0.5 assumed (BLAS sgemm on "
+            "one core), one 'SM' (no wave quantisation)",
+            matmul_efficiency=0.5, num_sms=1, sustained_clock_fraction=1.0,
+            attention_efficiency=0.25),
 ]}

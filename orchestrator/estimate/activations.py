@@ -1,0 +1,111 @@
+"""Activation memory per GPU (Korthikanti et al. 2022, arXiv 2205.05198, section 4 and Table 2).
+
+Bytes stored for the backward pass by one transformer layer for one micro-batch (s sequence, b micro-batch,
+h hidden, a heads, t tensor-parallel degree, 16-bit activations, 1-byte dropout masks):
+  no parallelism              s*b*h*(34 + 5*a*s/h)
+  tensor parallel             s*b*h*(10 + 24/t + 5*a*s/(h*t))
+  tensor + sequence parallel  s*b*h/t*(34 + 5*a*s/h)
+  selective recompute         drops the 5*a*s/h term (softmax, its dropout mask and output)
+  full recompute              keeps only the layer input, 2*s*b*h (divided by t with sequence parallel)
+Generalised here to GQA and any MLP width: the 24 (tensor-parallel part) is
+2*(Q h + K g*d + V g*d + proj-input h) + 2*(MLP activations 2f, or 3f gated); the 10 (replicated part) is
+2*(two norm inputs + QKV input + fc1 input) + two 1-byte dropout masks. Fused (flash) attention stores no
+s^2 tensors, only its fp32 log-sum-exp (4*a*s*b bytes). With fp32 training every 2 becomes 4.
+
+In flight under 1F1B, stage r holds min(m, p - r) micro-batches of its L/p layers: the first stage holds
+L layers' worth. Megatron's interleaved schedule with v chunks keeps (p - r - 1)*2 + (v - 1)*p + 1 chunk
+micro-batches on stage r, which for r = 0 is the paper's factor 1 + (p - 1)/(p*v).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .params import ModelShape
+
+MASK_BYTES = 1
+LSE_BYTES = 4      # fused attention keeps its log-sum-exp in fp32
+LOGIT_FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class ActivationsEstimate:
+    """Activation bytes on one GPU of the first and of the last pipeline stage."""
+
+    per_layer_bytes: int        # one layer, one micro-batch (the Korthikanti figure)
+    first_stage_layers_in_flight: float
+    last_stage_layers_in_flight: float
+    first_stage_bytes: int      # stored layers + embedding output + recompute working set
+    last_stage_bytes: int       # stored layers + logits / loss buffers + recompute working set
+    working_bytes: int          # transient: one layer recomputed during backward
+    logits_bytes: int           # last stage: logits, fp32 softmax and its gradient for one micro-batch
+
+
+def layer_activation_bytes(shape: ModelShape, tp: int, sp: bool, recompute: str, micro_batch: int,
+                           dtype_bytes: int = 2) -> int:
+    """Bytes one layer stores for one micro-batch on one tensor-parallel rank."""
+    s, b, h, e = shape.seq_length, micro_batch, shape.hidden_size, dtype_bytes
+    sbh = s * b * h
+    rep_div = tp if sp else 1
+    if recompute == "full":
+        return e * sbh // rep_div
+    replicated = (4 * e + 2 * MASK_BYTES) * sbh                  # norm inputs, QKV/fc1 inputs, masks
+    mlp = (3 if shape.gated_mlp else 2) * shape.ffn_hidden_size
+    parallel = e * s * b * (2 * h + 2 * shape.kv_size + mlp)     # Q, K, V, proj input, MLP activations
+    a = shape.num_attention_heads
+    if shape.flash_attention:
+        attention = LSE_BYTES * a * s * b
+    elif recompute == "selective":
+        attention = 0
+    else:
+        attention = (2 * e + MASK_BYTES) * a * s * s * b         # softmax out, dropout mask and out
+    return replicated // rep_div + (parallel + attention) // tp
+
+
+def attention_scores_bytes(shape: ModelShape, tp: int, micro_batch: int, dtype_bytes: int = 2) -> int:
+    """The s^2 tensors of one layer (recomputed by selective recompute; none with flash attention)."""
+    if shape.flash_attention:
+        return 0
+    s = shape.seq_length
+    return (2 * dtype_bytes + MASK_BYTES) * shape.num_attention_heads * s * s * micro_batch // tp
+
+
+def in_flight_chunks(stage: int, pp: int, vpp: int, num_microbatches: int) -> int:
+    """Chunk micro-batches whose activations stage ``stage`` holds at its peak (1F1B / interleaved)."""
+    if vpp == 1:
+        return min(num_microbatches, pp - stage)
+    return min(num_microbatches * vpp, (pp - stage - 1) * 2 + (vpp - 1) * pp + 1)
+
+
+def logits_bytes(shape: ModelShape, padded_vocab: int, tp: int, micro_batch: int, dtype_bytes: int = 2) -> int:
+    """Logits, their fp32 softmax (vocab-parallel cross-entropy) and their gradient, one micro-batch."""
+    tokens = shape.seq_length * micro_batch
+    return tokens * padded_vocab // tp * (2 * dtype_bytes + LOGIT_FP32_BYTES)
+
+
+@lru_cache(maxsize=65536)
+def estimate_activations(shape: ModelShape, tp: int, pp: int, vpp: int, sp: bool, recompute: str,
+                         micro_batch: int, num_microbatches: int, padded_vocab: int,
+                         dtype_bytes: int = 2) -> ActivationsEstimate:
+    """Activation memory of the first and last pipeline stage for one layout."""
+    per_layer = layer_activation_bytes(shape, tp, sp, recompute, micro_batch, dtype_bytes)
+    chunk_layers = shape.num_layers / (pp * vpp)
+    first_layers = in_flight_chunks(0, pp, vpp, num_microbatches) * chunk_layers
+    last_layers = in_flight_chunks(pp - 1, pp, vpp, num_microbatches) * chunk_layers
+    if recompute == "full":
+        working = layer_activation_bytes(shape, tp, sp, "none", micro_batch, dtype_bytes)
+    elif recompute == "selective":
+        working = attention_scores_bytes(shape, tp, micro_batch, dtype_bytes)
+    else:
+        working = 0
+    sbh = shape.seq_length * micro_batch * shape.hidden_size
+    embedding_out = (dtype_bytes + MASK_BYTES) * sbh // (tp if sp else 1)   # embedding dropout output + mask
+    first_chunks = in_flight_chunks(0, pp, vpp, num_microbatches) // vpp or 1
+    logits = logits_bytes(shape, padded_vocab, tp, micro_batch, dtype_bytes)
+    first = int(per_layer * first_layers) + embedding_out * first_chunks + working
+    last = int(per_layer * last_layers) + logits + working
+    if pp == 1:   # one stage holds the embedding and the logits
+        first = last = int(per_layer * first_layers) + embedding_out * first_chunks + logits + working
+    return ActivationsEstimate(per_layer_bytes=per_layer, first_stage_layers_in_flight=first_layers,
+                               last_stage_layers_in_flight=last_layers, first_stage_bytes=first,
+                               last_stage_bytes=last, working_bytes=working, logits_bytes=logits)

@@ -1,0 +1,199 @@
+"""Compute time of one transformer layer: GEMMs at a shape-dependent efficiency, plus memory-bound work.
+
+Time = FLOPs / (peak x achievable efficiency), kernel by kernel:
+
+* **GEMMs** (QKV, projection, MLP; forward, data-gradient and weight-gradient) run at
+  ``ceiling * tile_utilisation * K/(K + K0)``, bounded below by a roofline on HBM traffic.
+  ``ceiling`` is the measured Maximum Achievable Matmul FLOPS fraction of the GPU (catalog).
+  Tile utilisation models what NVIDIA's "Matrix Multiplication Background User's Guide"
+  (docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication) calls tile and wave
+  quantisation: the output is cut into tiles, one tile per SM per wave, so a GEMM whose tiles fill
+  1.2 waves pays for 2, and ragged edges compute padding. The library picks the tile shape; we take the
+  best of a few CUTLASS-like tiles, smaller tiles being less efficient (less operand reuse per load):
+  relative throughput 1.0 for 256x128, 0.92 for 128x128, 0.80 for 128x64, 0.65 for 64x64 (our estimate).
+  K0 = 64 is the prologue/epilogue cost of a tile (filling the software pipeline, writing C) expressed as
+  K-elements of main loop, so short-K GEMMs (attention scores with head dim 64-128, small h/tp) run slower.
+  This is how small h/tp loses efficiency. No constant here is tuned to a published throughput: each
+  comes from a cited measurement or is a stated estimate (CostModel and the GPU catalog hold them).
+* **Attention core** without a fused kernel is two batched GEMMs per head (K = head dim for the scores)
+  plus the softmax and its dropout over a*s^2 elements, which are memory-bound. A fused (flash) kernel
+  runs at the GPU's ``attention_efficiency`` of peak (catalog), skips the causally masked half, and its
+  backward costs 2.5x its forward (it recomputes the scores; Dao 2023, arXiv 2307.08691).
+* **Memory-bound kernels** (norms, bias+activation, bias+dropout+residual, RoPE, reshapes) cost their
+  HBM bytes over the sustained bandwidth; without sequence parallelism every TP rank runs them on the
+  full s*b*h tensor (Korthikanti et al. 2022, section 4.2.2), with it on 1/t of it.
+* each kernel adds ``kernel_gap_s``.
+* synchronous training runs at the pace of its slowest GPU: compute is stretched by
+  :func:`straggler_factor` (expected maximum of the per-GPU speed spread over the world size).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from math import ceil, log, pi, sqrt
+
+from .hardware import Hardware
+from .params import ModelShape
+
+TILES = ((256, 128, 1.0), (128, 256, 1.0), (128, 128, 0.92), (128, 64, 0.80), (64, 128, 0.80), (64, 64, 0.65))
+K_OVERHEAD = 64
+FP32 = 4
+MASK = 1
+FLASH_BWD_FACTOR = 2.5
+KERNELS_FWD = 20          # kernels of one layer's forward (GEMMs, fused element-wise, attention, copies)
+KERNELS_BWD = 40
+ADAM_BYTES_PER_PARAM = 36  # read master, m, v, fp32 grad; write master, m, v, 16-bit copy; norm; zeroing
+
+
+@lru_cache(maxsize=65536)
+def matmul_efficiency(m: int, n: int, k: int, num_sms: int, ceiling: float, batch: int = 1) -> float:
+    """Achievable fraction of peak for an (m x k) @ (k x n) GEMM, ``batch`` times (see module doc)."""
+    if num_sms <= 1:
+        return ceiling * k / (k + K_OVERHEAD)
+    best = 0.0
+    for tm, tn, rel in TILES:
+        tiles = ceil(m / tm) * ceil(n / tn) * batch
+        waves = ceil(tiles / num_sms)
+        best = max(best, rel * m * n * batch / (waves * num_sms * tm * tn))
+    return ceiling * best * k / (k + K_OVERHEAD)
+
+
+def matmul_time_s(m: int, n: int, k: int, hw: Hardware, batch: int = 1, accumulate_fp32: bool = False) -> float:
+    """Roofline time of one GEMM: compute at the modelled efficiency, or its HBM traffic if slower."""
+    flops = 2.0 * m * n * k * batch
+    eff = matmul_efficiency(m, n, k, hw.num_sms, hw.matmul_efficiency, batch)
+    e = hw.dtype_bytes
+    out = 2 * FP32 if accumulate_fp32 else e
+    traffic = batch * (e * (m * k + k * n) + out * m * n)
+    return max(flops / (hw.peak_flops * eff), traffic / hw.hbm_Bps)
+
+
+def linear_times_s(tokens: int, n_out: int, k_in: int, hw: Hardware) -> tuple[float, float]:
+    """(forward, backward) of one linear layer: y = x W; backward = data gradient + weight gradient.
+
+    The weight gradient lands in an fp32 accumulator: inside the GEMM epilogue when fused, otherwise by a
+    separate pass reading the 16-bit gradient and reading and writing the accumulator.
+    """
+    fwd = matmul_time_s(tokens, n_out, k_in, hw)
+    dgrad = matmul_time_s(tokens, k_in, n_out, hw)
+    fused = hw.fused_grad_accumulation
+    wgrad = matmul_time_s(k_in, n_out, tokens, hw, accumulate_fp32=fused)
+    if not fused:
+        wgrad += k_in * n_out * (hw.dtype_bytes + 2 * FP32) / hw.hbm_Bps + hw.kernel_gap_s
+    return fwd, dgrad + wgrad
+
+
+@dataclass(frozen=True)
+class LayerTimeEstimate:
+    """Compute time of one transformer layer for one micro-batch on one TP rank (no communication)."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float       # extra forward work in the backward pass (selective / full recompute)
+    matmul_forward_s: float
+    attention_forward_s: float
+    memory_bound_forward_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+
+def _linear_shapes(shape: ModelShape, tp: int) -> list[tuple[int, int]]:
+    """(output width, input width) of the four linear layers on one TP rank."""
+    h = shape.hidden_size
+    return [((h + 2 * shape.kv_size) // tp, h), (h, h // tp), (shape.mlp_in_width // tp, h),
+            (h, shape.ffn_hidden_size // tp)]
+
+
+def _attention_times_s(shape: ModelShape, hw: Hardware, tp: int, mb: int) -> tuple[float, float, float]:
+    """(forward, backward, selective-recompute) time of the attention core on one TP rank."""
+    s, d, heads = shape.seq_length, shape.head_dim, shape.num_attention_heads // tp
+    if shape.flash_attention:
+        flops = 4.0 * mb * heads * s * s * d * causal_fraction(s)
+        fwd = flops / (hw.peak_flops * hw.attention_efficiency)
+        return fwd, FLASH_BWD_FACTOR * fwd, 0.0
+    batch = mb * heads
+    scores = matmul_time_s(s, s, d, hw, batch)         # Q K^T
+    context = matmul_time_s(s, d, s, hw, batch)        # P V
+    e, elems = hw.dtype_bytes, batch * s * s
+    softmax_fwd = (2 * e) * elems + (2 * e + MASK) * elems          # softmax r/w, dropout r/w + mask
+    softmax_bwd = (3 * e) * elems + (2 * e + MASK) * elems
+    fwd = scores + context + softmax_fwd / hw.hbm_Bps
+    bwd = 2 * (scores + context) + softmax_bwd / hw.hbm_Bps
+    return fwd, bwd, fwd
+
+
+def causal_fraction(seq: int, block: int = 128) -> float:
+    """Share of the s x s score blocks a causal fused kernel computes (lower triangle incl. diagonal)."""
+    nb = max(1, ceil(seq / block))
+    return (nb + 1) / (2 * nb)
+
+
+def _memory_bound_bytes(shape: ModelShape, e: int, tp: int, sp: bool, mb: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of one layer's element-wise kernels on one TP rank."""
+    tokens = shape.seq_length * mb
+    x = tokens * shape.hidden_size / (tp if sp else 1)      # tensors outside the TP region
+    qkv = tokens * (shape.hidden_size + 2 * shape.kv_size) / tp
+    ctx = tokens * shape.hidden_size / tp
+    act = tokens * shape.ffn_hidden_size / tp
+    rope = 0 if shape.learned_positions else tokens * (shape.hidden_size + shape.kv_size) / tp
+    act_fwd = (3 if shape.gated_mlp else 2) * e * act
+    act_bwd = (5 if shape.gated_mlp else 3) * e * act
+    fwd = 2 * (2 * e * x) + 2 * ((3 * e + MASK) * x) + 2 * e * (qkv + ctx + rope) + act_fwd
+    bwd = 2 * (3 * e * x) + 2 * ((3 * e + MASK) * x) + 2 * e * (qkv + ctx + rope) + act_bwd
+    return fwd, bwd
+
+
+@lru_cache(maxsize=65536)
+def estimate_layer_time(shape: ModelShape, hw: Hardware, tp: int, mb: int, sp: bool,
+                        recompute: str) -> LayerTimeEstimate:
+    """Forward, backward and recompute time of one layer for one micro-batch on one TP rank."""
+    tokens = shape.seq_length * mb
+    mm_fwd = mm_bwd = 0.0
+    for n_out, k_in in _linear_shapes(shape, tp):
+        f, b = linear_times_s(tokens, n_out, k_in, hw)
+        mm_fwd, mm_bwd = mm_fwd + f, mm_bwd + b
+    att_fwd, att_bwd, att_recompute = _attention_times_s(shape, hw, tp, mb)
+    ew_fwd, ew_bwd = (b / hw.hbm_Bps for b in _memory_bound_bytes(shape, hw.dtype_bytes, tp, sp, mb))
+    fwd = mm_fwd + att_fwd + ew_fwd + KERNELS_FWD * hw.kernel_gap_s
+    bwd = mm_bwd + att_bwd + ew_bwd + KERNELS_BWD * hw.kernel_gap_s
+    extra = {"none": 0.0, "selective": att_recompute, "full": fwd}[recompute]
+    return LayerTimeEstimate(forward_s=fwd, backward_s=bwd, recompute_s=extra, matmul_forward_s=mm_fwd,
+                             attention_forward_s=att_fwd, memory_bound_forward_s=ew_fwd)
+
+
+@lru_cache(maxsize=16384)
+def head_time_s(shape: ModelShape, hw: Hardware, tp: int, mb: int, padded_vocab: int) -> float:
+    """Output layer (logits GEMM), vocab-parallel cross-entropy and final norm, forward + backward."""
+    tokens = shape.seq_length * mb
+    f, b = linear_times_s(tokens, padded_vocab // tp, shape.hidden_size, hw)
+    e = hw.dtype_bytes
+    loss_bytes = tokens * padded_vocab / tp * (e + 3 * FP32 + e)   # logits in, fp32 softmax r/w, grad out
+    norm_bytes = 5 * e * tokens * shape.hidden_size
+    return f + b + (loss_bytes + norm_bytes) / hw.hbm_Bps + 8 * hw.kernel_gap_s
+
+
+@lru_cache(maxsize=16384)
+def embedding_time_s(shape: ModelShape, hw: Hardware, tp: int, mb: int) -> float:
+    """Embedding lookup forward and its gradient scatter-add backward."""
+    tokens = shape.seq_length * mb
+    return 3 * hw.dtype_bytes * tokens * shape.hidden_size / hw.hbm_Bps + 4 * hw.kernel_gap_s
+
+
+def straggler_factor(num_gpus: int, spread: float) -> float:
+    """Slowdown of synchronous work paced by the slowest of ``num_gpus`` GPUs whose speeds vary by
+    ``spread`` (relative standard deviation): 1 + spread * E[max of n standard normals], with the
+    extreme-value approximation sqrt(2 ln n) - (ln ln n + ln 4 pi) / (2 sqrt(2 ln n)) (exact enough for
+    n >= 8; 0.56 at n = 2, where the formula is replaced by the exact 1/sqrt(pi))."""
+    if num_gpus <= 1 or spread <= 0:
+        return 1.0
+    if num_gpus == 2:
+        return 1 + spread / sqrt(pi)
+    a = sqrt(2 * log(num_gpus))
+    return 1 + spread * max(0.0, a - (log(log(num_gpus)) + log(4 * pi)) / (2 * a))
+
+
+def optimizer_step_s(local_params: float, hw: Hardware) -> float:
+    """Adam step over the parameters whose optimizer states this GPU owns (memory-bound)."""
+    return ADAM_BYTES_PER_PARAM * local_params / hw.hbm_Bps

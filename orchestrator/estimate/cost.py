@@ -1,0 +1,123 @@
+"""The calibratable terms of the cost model, in one small record.
+
+Everything the estimators assume that a measurement could correct lives here: how close kernels get to
+the hardware's peaks, how well collectives use the links, how much communication hides behind compute,
+and the framework's fixed memory overheads. Hardware *facts* (peaks, HBM size, link speeds, measured
+matmul ceilings) stay in :mod:`orchestrator.catalog.gpus`; this record only scales or overrides them.
+
+``CostModel()`` is the documented default. A later ``orch calibrate`` fits some fields from measured runs
+and writes them as JSON; :meth:`CostModel.from_dict` reads that back (unknown keys are an error).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..errors import Problem, SpecError
+from ..typed import did_you_mean
+
+GiB = 2**30
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Efficiency and overhead terms, each with the reason for its default."""
+
+    # --- compute ----------------------------------------------------------------------------------
+    # Fraction of dense peak the best-shaped GEMM sustains in training. None: the catalog's measured MAMF
+    # ceiling times its sustained-clock fraction (GpuSpec.matmul_efficiency * sustained_clock_fraction).
+    # Smaller or oddly shaped GEMMs get less (see estimate/compute.py).
+    matmul_efficiency: Optional[float] = None
+    # Fraction of dense peak a fused (flash) attention kernel reaches, forward + backward. None: the
+    # catalog's figure for the GPU (GpuSpec.attention_efficiency, from the FlashAttention-2/-3 papers)
+    # times its sustained-clock fraction.
+    attention_efficiency: Optional[float] = None
+    # Fraction of datasheet HBM bandwidth that memory-bound kernels (norms, activations, dropout,
+    # softmax, the optimizer step) sustain. Copy/elementwise kernels on A100/H100 reach ~80-90%
+    # (e.g. STREAM-like triad ~1.7 TB/s of 2.04 TB/s on A100 80GB).
+    hbm_efficiency: float = 0.80
+    # Gap between dependent kernels on one stream (launch + tail), per kernel. A few microseconds on
+    # current drivers without CUDA graphs.
+    kernel_gap_s: float = 3e-6
+    # Weight gradients accumulate across micro-batches in an fp32 buffer. Unfused (DeepSpeed's hooks,
+    # Megatron-LM before --gradient-accumulation-fusion), each micro-batch pays a memory-bound pass
+    # reading the 16-bit gradient and reading + writing the fp32 accumulator; fused, the weight-gradient
+    # GEMM accumulates in its epilogue.
+    fused_grad_accumulation: bool = False
+    # Spread (standard deviation) of sustained speed between GPUs of the same model: silicon lottery,
+    # cooling position, power delivery. "5% and higher differences on an 8-gpu node" (S. Bekman, ML
+    # Engineering, compute/accelerator, "Not all accelerators are created equal"): a 5% range over 8 GPUs
+    # is ~1.75% sigma. Synchronous training runs at the pace of the slowest of its N GPUs.
+    gpu_speed_spread: float = 0.0175
+    # --- network ----------------------------------------------------------------------------------
+    # Scale on the catalog's intra-node figure, which already is a measured nccl-tests busbw.
+    intra_node_efficiency: float = 1.0
+    # Scale on the catalog's per-GPU inter-node figure (mostly NIC line rates): IB/RoCE collectives
+    # reach ~90% of line rate in nccl-tests. Spec-given (measured) bandwidths are used as they are.
+    inter_node_efficiency: float = 0.9
+    # Fixed cost of one collective or p2p call (NCCL launch + protocol latency, small-message regime).
+    collective_latency_s: float = 20e-6
+    # --- overlap ----------------------------------------------------------------------------------
+    # Fraction of the backward (or forward, ZeRO-3 prefetch) compute window that data-parallel
+    # communication can hide behind. Bucketed, asynchronous reduction (DeepSpeed overlap_comm,
+    # Megatron-Core overlap_grad_reduce) hides most of it; contention for SMs and HBM costs the rest.
+    dp_overlap: float = 0.7
+    # Tensor-parallel collectives sit on the critical path of every layer (Megatron-LM); none hidden.
+    tp_overlap: float = 0.0
+    # Pipeline p2p in 1F1B: send/recv pairs are waited on before the next micro-batch; none hidden.
+    pp_overlap: float = 0.0
+    # --- offload ----------------------------------------------------------------------------------
+    # DeepSpeed CPU-Adam throughput per GPU process (parameters updated per second). ZeRO-Offload
+    # (Ren et al. 2021, arXiv 2101.06840) reports ~1B-parameter steps in a few tenths of a second on a
+    # full server; one of 8 processes per node gets its share of the cores.
+    cpu_adam_params_per_s: float = 1.5e9
+    # --- memory overheads (bytes, per GPU) --------------------------------------------------------
+    # CUDA context, cuBLAS/cuDNN workspaces and loaded kernels: ~0.5-1 GiB on A100/H100 with PyTorch.
+    cuda_context_bytes: int = 1 * GiB
+    # NCCL's own buffers per communicator a rank belongs to (NCCL_BUFFSIZE 4 MiB x channels x
+    # send/recv on NVLink systems).
+    nccl_bytes_per_group: int = 128 * MiB
+    # Data-parallel gradient bucket (two in flight: one filling, one reducing). The renderers should
+    # emit bucket sizes no larger than this (DeepSpeed reduce_bucket_size / allgather_bucket_size).
+    dp_bucket_bytes: int = 256 * MiB
+    # Caching-allocator fragmentation, as a fraction of activation memory.
+    fragmentation: float = 0.10
+    # Planner policy: a layout fits when total_bytes <= (1 - hbm_headroom) * HBM.
+    hbm_headroom: float = 0.05
+    # Host memory one GPU process may fill with offloaded states: a DGX A100 has 1 TiB for 8 GPUs (DGX H100
+    # 2 TiB); half of it is left to the OS, page cache, pinned staging buffers and data loading.
+    host_memory_bytes_per_gpu: int = 64 * GiB
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CostModel":
+        """A CostModel from calibration data; unknown keys raise SpecError with a suggestion."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        problems = [Problem(f"calibration.{key}", "unknown cost-model term", did_you_mean(key, names))
+                    for key in data if key not in names]
+        for key, value in data.items():
+            if key in names and not _in_range(key, value):
+                problems.append(Problem(f"calibration.{key}", f"{value!r} is out of range", _RANGE_HINT))
+        if problems:
+            raise SpecError(problems)
+        return cls(**data)
+
+
+_FRACTIONS = ("_efficiency", "_overlap", "fragmentation", "hbm_headroom", "gpu_speed_spread")
+_RANGE_HINT = "efficiencies are in (0, 1], overlaps, spreads and fractions in [0, 1], everything else >= 0"
+
+
+def _in_range(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return key == "fused_grad_accumulation"
+    if value is None:
+        return key in ("matmul_efficiency", "attention_efficiency")
+    if not isinstance(value, (int, float)) or value < 0:
+        return False
+    if key.endswith("_efficiency"):
+        return 0 < value <= 1
+    return value <= 1 if key.endswith(_FRACTIONS) else True

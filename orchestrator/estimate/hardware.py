@@ -1,0 +1,65 @@
+"""What one GPU and its links deliver for this spec: catalog facts scaled by the cost model.
+
+:class:`Hardware` is a small hashable record so the estimators can cache on it. Bandwidths are bytes per
+second. The spec's ``cluster.*_bandwidth_GBps`` are measurements and replace the catalog figures as they
+are; catalog figures are scaled by the cost model's link efficiencies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..catalog.gpus import GPUS
+from ..spec import Spec
+from .cost import CostModel
+
+GB = 1e9
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Achievable rates of one GPU of the cluster, for the spec's training precision."""
+
+    name: str
+    peak_flops: float          # dense datasheet peak for the precision (FLOP/s)
+    matmul_efficiency: float   # best-shape GEMM fraction of peak, sustained (MAMF / peak x clock fraction)
+    attention_efficiency: float
+    num_sms: int
+    hbm_bytes: int
+    hbm_Bps: float             # sustained memory bandwidth of memory-bound kernels
+    intra_Bps: float           # all-reduce bus bandwidth inside a node
+    inter_Bps: float           # bandwidth one GPU gets across nodes
+    host_Bps: float            # GPU <-> host link (offload)
+    gpus_per_node: int
+    num_nodes: int
+    dtype_bytes: int           # activation / low-precision parameter element size
+    kernel_gap_s: float
+    latency_s: float
+    fused_grad_accumulation: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+
+def hardware_for(spec: Spec, cost: CostModel) -> Hardware:
+    """The Hardware record of ``spec.cluster`` under ``cost``."""
+    gpu = GPUS[spec.cluster.gpu]
+    c = spec.cluster
+    intra = c.intra_node_bandwidth_GBps or gpu.intra_node_bandwidth_GBps * cost.intra_node_efficiency
+    inter = c.inter_node_bandwidth_GBps or gpu.inter_node_bandwidth_GBps * cost.inter_node_efficiency
+    return Hardware(
+        name=gpu.name, peak_flops=gpu.peak_for(spec.training.precision),
+        matmul_efficiency=_override(cost.matmul_efficiency, gpu.matmul_efficiency * gpu.sustained_clock_fraction),
+        attention_efficiency=_override(cost.attention_efficiency,
+                                       gpu.attention_efficiency * gpu.sustained_clock_fraction),
+        num_sms=gpu.num_sms, hbm_bytes=gpu.hbm_bytes,
+        hbm_Bps=gpu.hbm_bandwidth_GBps * GB * cost.hbm_efficiency, intra_Bps=intra * GB, inter_Bps=inter * GB,
+        host_Bps=gpu.host_link_GBps * GB, gpus_per_node=c.gpus_per_node, num_nodes=c.num_nodes,
+        dtype_bytes=DTYPE_BYTES[spec.training.precision], kernel_gap_s=cost.kernel_gap_s,
+        latency_s=cost.collective_latency_s, fused_grad_accumulation=cost.fused_grad_accumulation)
+
+
+def _override(calibrated: float | None, catalog: float) -> float:
+    return catalog if calibrated is None else calibrated

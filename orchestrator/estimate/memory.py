@@ -1,0 +1,164 @@
+"""Memory of the busiest GPU: model states (ZeRO 0-3, offload), activations and framework overheads.
+
+Model states, mixed-precision Adam (Rajbhandari et al. 2020, ZeRO, arXiv 1910.02054, section 3.1 and
+Table 1): 2 bytes of 16-bit parameters, 2 of 16-bit gradients and K = 12 of optimizer states (fp32 master
+weights, momentum, variance) per parameter. With data-parallel degree N, per GPU:
+  stage 0: 16*psi; stage 1: 4*psi + 12*psi/N; stage 2: 2*psi + 14*psi/N; stage 3: 16*psi/N
+where psi is what the GPU holds after tensor/pipeline sharding. Megatron's distributed optimizer shards the
+optimizer states like stage 1. fp32 training keeps 4 + 4 + 8 (no master copy). Offload (ZeRO-Offload, Ren
+et al. 2021) moves the optimizer states and the gradient partition to host memory (``host_bytes``);
+"optimizer+params" (ZeRO-Infinity, stage 3) moves the parameter partition too.
+
+``accounting="deepspeed"`` reproduces DeepSpeed's own estimator (docs: 'Memory Requirements'), which
+charges what its implementation allocates: full 16-bit parameters and gradients for stages 1-2 plus a
+16*psi/N fp32 partition (master, momentum, variance and fp32 gradients), 18*psi/N for stage 3, plus
+4 * largest layer of gathered parameters and gradients for stage 3 (carried in ``other_bytes``).
+
+Overheads are explicit terms of :class:`~orchestrator.estimate.cost.CostModel`: CUDA context and
+libraries, NCCL buffers per communicator, data-parallel gradient buckets, ZeRO-3 live parameters, and
+allocator fragmentation as a fraction of activations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .activations import ActivationsEstimate
+from .cost import CostModel
+
+PAPER = "zero-paper"
+DEEPSPEED = "deepspeed"
+ZERO3_LIVE_FACTOR = 4   # bytes per largest-layer parameter: 16-bit parameter + 16-bit gradient (DeepSpeed docs)
+
+
+@dataclass(frozen=True)
+class ModelStatesEstimate:
+    """Parameters, gradients and optimizer states of one GPU, and what offload put on the host."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    host_bytes: float = 0.0
+
+    @property
+    def total_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def _paper_bytes_per_param(precision: str) -> tuple[int, int, int]:
+    return (4, 4, 8) if precision == "fp32" else (2, 2, 12)
+
+
+def estimate_model_states(num_params: float, dp: int, zero_stage: int, offload: str = "none",
+                          precision: str = "bf16", accounting: str = PAPER) -> ModelStatesEstimate:
+    """Bytes of model states per GPU for ``num_params`` parameters held after TP/PP sharding."""
+    if accounting == DEEPSPEED:
+        return _deepspeed_states(num_params, dp, zero_stage, offload)
+    p, g, o = _paper_bytes_per_param(precision)
+    psi, n = num_params, dp
+    params = p * psi / n if zero_stage >= 3 else p * psi
+    grads = g * psi / n if zero_stage >= 2 else g * psi
+    optim = o * psi / n if zero_stage >= 1 else o * psi
+    host = 0.0
+    if offload in ("optimizer", "optimizer+params"):
+        host += optim
+        optim = 0.0
+        if zero_stage >= 2:
+            host += grads
+            grads = 0.0
+    if offload == "optimizer+params":
+        host += params
+        params = 0.0
+    return ModelStatesEstimate(params, grads, optim, host)
+
+
+def _deepspeed_states(psi: float, n: int, zero_stage: int, offload: str) -> ModelStatesEstimate:
+    if zero_stage <= 2:
+        if offload == "none":
+            return ModelStatesEstimate(2 * psi, 2 * psi, 16 * psi / n)
+        return ModelStatesEstimate(2 * psi, 0.0, 0.0, 16 * psi / n)
+    if offload == "none":
+        return ModelStatesEstimate(2 * psi / n, 0.0, 16 * psi / n)
+    if offload == "optimizer":
+        return ModelStatesEstimate(2 * psi / n, 0.0, 0.0, 16 * psi / n)
+    return ModelStatesEstimate(0.0, 0.0, 0.0, 18 * psi / n)
+
+
+@dataclass(frozen=True)
+class OverheadEstimate:
+    """Framework memory beyond model states and activations, each term separately."""
+
+    cuda_context_bytes: float
+    nccl_bytes: float
+    dp_bucket_bytes: float
+    zero3_live_bytes: float
+    fragmentation_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.cuda_context_bytes + self.nccl_bytes + self.dp_bucket_bytes + self.zero3_live_bytes
+                + self.fragmentation_bytes)
+
+
+def estimate_overheads(cost: CostModel, *, num_groups: int, dp: int, zero_stage: int, local_grad_bytes: float,
+                       largest_layer_params: int, activations_bytes: float, dtype_bytes: int = 2) -> OverheadEstimate:
+    """The explicit overhead terms for one GPU (see CostModel for each default's reason)."""
+    buckets = 2 * min(local_grad_bytes, cost.dp_bucket_bytes) if dp > 1 else 0.0
+    live = ZERO3_LIVE_FACTOR * largest_layer_params * dtype_bytes / 2 if zero_stage == 3 else 0.0
+    return OverheadEstimate(cuda_context_bytes=cost.cuda_context_bytes,
+                            nccl_bytes=num_groups * cost.nccl_bytes_per_group, dp_bucket_bytes=buckets,
+                            zero3_live_bytes=live, fragmentation_bytes=cost.fragmentation * activations_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU memory of the busiest pipeline stage (bytes), as in SPEC.md's LAYOUT.memory."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    other_bytes: float
+    hbm_bytes: int
+    usable_bytes: float          # hbm_bytes less the planner's headroom
+    host_bytes: float = 0.0
+    host_capacity_bytes: float = float("inf")   # host memory this GPU's process may use for offload
+    stage: str = "first"         # which pipeline stage is the busiest: "first" or "last"
+    overheads: OverheadEstimate | None = field(default=None, compare=False)
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.other_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.usable_bytes and self.host_bytes <= self.host_capacity_bytes
+
+    def to_dict(self) -> dict:
+        d = {k: int(round(getattr(self, k))) for k in (
+            "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
+            "total_bytes", "hbm_bytes", "usable_bytes", "host_bytes")}
+        d["host_capacity_bytes"] = int(min(self.host_capacity_bytes, 2**62))
+        d.update(fits=self.fits, stage=self.stage)
+        if self.overheads is not None:
+            d["other"] = {k: int(round(v)) for k, v in vars(self.overheads).items()}
+        return d
+
+
+def stage_memory(states: ModelStatesEstimate, activations: float, overheads: OverheadEstimate, *,
+                 hbm_bytes: int, headroom: float, stage: str, host_capacity_bytes: float = float("inf")
+                 ) -> MemoryEstimate:
+    """Assemble one stage's MemoryEstimate from its parts."""
+    return MemoryEstimate(params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
+                          optimizer_bytes=states.optimizer_bytes, activations_bytes=activations,
+                          other_bytes=overheads.total_bytes, hbm_bytes=hbm_bytes,
+                          usable_bytes=hbm_bytes * (1 - headroom), host_bytes=states.host_bytes,
+                          host_capacity_bytes=host_capacity_bytes, stage=stage, overheads=overheads)
+
+
+def busiest_stage(first: MemoryEstimate, last: MemoryEstimate) -> MemoryEstimate:
+    return first if first.total_bytes >= last.total_bytes else last
+
+
+def activation_bytes_for(acts: ActivationsEstimate, stage: str) -> int:
+    return acts.first_stage_bytes if stage == "first" else acts.last_stage_bytes

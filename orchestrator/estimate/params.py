@@ -1,0 +1,122 @@
+"""Parameter counts of a dense decoder-only transformer, whole and per GPU after TP/PP sharding.
+
+Per layer (h hidden, a heads, g KV groups, d = h/a head dim, f MLP width):
+  attention  h*(h + 2*g*d) (QKV, GQA) + h*h (output projection)
+  MLP        2*h*f, or 3*h*f gated (SwiGLU: gate, up, down)
+  norms      two per layer: 2*h each for LayerNorm (weight + bias), h for RMSNorm
+  biases     (when add_bias_linear) h + 2*g*d, h, f (2f gated), h
+Embeddings V*h (V padded to a multiple of 128*tp, as Megatron-LM pads), learned positions s*h, a final
+norm, and an untied output layer V*h. Under tensor parallelism the weight matrices, the column-parallel
+biases and the vocabulary are split tp ways; norms and row-parallel output biases are replicated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..layout import padded_vocab_size
+from ..spec import Spec
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The resolved model fields the cost model reads (hashable, for caching)."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_length: int
+    gated_mlp: bool = False
+    tie_embeddings: bool = True
+    flash_attention: bool = True
+    rmsnorm: bool = False
+    learned_positions: bool = True
+    bias: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_size(self) -> int:
+        """Width of K (and of V): num_query_groups * head_dim."""
+        return self.num_query_groups * self.head_dim
+
+    @property
+    def mlp_in_width(self) -> int:
+        """Output width of the first MLP matrix (gate and up fused when gated)."""
+        return self.ffn_hidden_size * (2 if self.gated_mlp else 1)
+
+
+def model_shape(spec: Spec) -> ModelShape:
+    m = spec.model
+    return ModelShape(
+        num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
+        num_query_groups=m.num_query_groups, ffn_hidden_size=m.ffn_hidden_size, vocab_size=m.vocab_size,
+        seq_length=m.seq_length, gated_mlp=m.gated_mlp, tie_embeddings=m.tie_embeddings,
+        flash_attention=m.flash_attention, rmsnorm=m.normalization == "rmsnorm",
+        learned_positions=m.position_embedding == "learned", bias=m.add_bias_linear)
+
+
+@dataclass(frozen=True)
+class ParamsEstimate:
+    """Parameter counts: the whole model and what the busiest GPU holds."""
+
+    total: int                 # whole model (vocabulary padded for this tp)
+    per_layer: int             # one transformer layer, unsharded
+    embedding: int             # input embedding (+ learned positions), unsharded
+    output_layer: int          # untied output matrix, 0 when tied
+    padded_vocab_size: int
+    first_stage_per_gpu: int   # held by one GPU of pipeline stage 0
+    last_stage_per_gpu: int    # held by one GPU of the last stage
+    largest_layer_per_gpu: int  # biggest single module a ZeRO-3 rank gathers at once
+
+    @property
+    def per_gpu(self) -> int:
+        return max(self.first_stage_per_gpu, self.last_stage_per_gpu)
+
+
+def _norm_params(shape: ModelShape) -> int:
+    return shape.hidden_size * (1 if shape.rmsnorm else 2)
+
+
+def layer_matrix_params(shape: ModelShape) -> int:
+    """Weights of the linear layers of one transformer layer (no biases, no norms)."""
+    h = shape.hidden_size
+    return h * (h + 2 * shape.kv_size) + h * h + (3 if shape.gated_mlp else 2) * h * shape.ffn_hidden_size
+
+
+def layer_params_per_rank(shape: ModelShape, tp: int) -> int:
+    """Parameters of one layer held by one tensor-parallel rank (replicated parts counted in full)."""
+    h = shape.hidden_size
+    sharded = layer_matrix_params(shape)
+    replicated = 2 * _norm_params(shape)
+    if shape.bias:
+        sharded += h + 2 * shape.kv_size + shape.mlp_in_width   # column-parallel biases
+        replicated += 2 * h                                       # row-parallel biases
+    return sharded // tp + replicated
+
+
+@lru_cache(maxsize=4096)
+def estimate_params(shape: ModelShape, tp: int = 1, pp: int = 1) -> ParamsEstimate:
+    """Parameter counts for a (tp, pp) split; pipeline stages hold num_layers / pp layers each."""
+    h, v = shape.hidden_size, padded_vocab_size(shape.vocab_size, tp)
+    positions = shape.seq_length * h if shape.learned_positions else 0
+    per_layer = layer_params_per_rank(shape, 1)
+    embedding = v * h + positions
+    output = 0 if shape.tie_embeddings else v * h
+    total = shape.num_layers * per_layer + embedding + _norm_params(shape) + output
+    stage_layers = shape.num_layers // pp * layer_params_per_rank(shape, tp)
+    first = stage_layers + v * h // tp + positions
+    # With pp > 1 a tied output layer keeps its own copy of the embedding on the last stage.
+    head = v * h // tp if (not shape.tie_embeddings or pp > 1) else 0
+    last = stage_layers + _norm_params(shape) + head
+    if pp == 1:
+        first = last = stage_layers + v * h // tp + positions + _norm_params(shape) + (output // tp)
+    largest = max(layer_params_per_rank(shape, tp), v * h // tp)
+    return ParamsEstimate(total=total, per_layer=per_layer, embedding=embedding, output_layer=output,
+                          padded_vocab_size=v, first_stage_per_gpu=first, last_stage_per_gpu=last,
+                          largest_layer_per_gpu=largest)

@@ -1,0 +1,233 @@
+"""One layout's full estimate: memory, FLOPs, step time and its breakdown, communication.
+
+``estimate_layout(spec, layout, cost=None) -> LayoutEstimate`` for a complete layout;
+``LayoutEstimate.to_dict()`` is SPEC.md's LAYOUT record.
+
+Step time = pipeline time (micro-batches through the slowest stage, plus fill/drain; per-layer compute,
+exposed TP collectives and exposed p2p inside it) + exposed DP communication + the optimizer step
+(on the GPU, or CPU-Adam and PCIe traffic with offload) + the tied-embedding gradient sync.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import Problem, SpecError
+from ..layout import FIELD_PATHS, Layout, check_layout
+from ..spec import Spec
+from .activations import ActivationsEstimate, estimate_activations
+from .comm import (CommEstimate, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
+                   ring_bytes, tensor_parallel_layer_comm)
+from .compute import embedding_time_s, estimate_layer_time, head_time_s, optimizer_step_s, straggler_factor
+from .cost import CostModel
+from .flops import FlopsEstimate, estimate_flops
+from .hardware import Hardware, hardware_for
+from .memory import MemoryEstimate, busiest_stage, estimate_model_states, estimate_overheads, stage_memory
+from .params import ModelShape, ParamsEstimate, estimate_params, model_shape
+from .pipeline import bubble_fraction, pipeline_time_s
+
+
+@dataclass(frozen=True)
+class EstimateContext:
+    """Everything an estimate needs from the spec, resolved once (the planner shares it)."""
+
+    shape: ModelShape
+    hw: Hardware
+    cost: CostModel
+    global_batch: int
+    precision: str
+
+    @classmethod
+    def of(cls, spec: Spec, cost: CostModel | None = None) -> "EstimateContext":
+        cost = cost or CostModel()
+        return cls(shape=model_shape(spec), hw=hardware_for(spec, cost), cost=cost,
+                   global_batch=spec.training.global_batch_size, precision=spec.training.precision)
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Where one step's wall time goes (seconds, on the busiest path)."""
+
+    compute_s: float        # m micro-batches through the slowest stage, compute only
+    bubble_s: float         # pipeline fill and drain
+    tp_exposed_s: float
+    pp_exposed_s: float
+    dp_exposed_s: float
+    optimizer_s: float      # GPU Adam, or CPU-Adam + PCIe with offload
+    offload_s: float        # ZeRO-3 parameter fetches from host (optimizer+params)
+
+
+@dataclass(frozen=True)
+class LayoutEstimate:
+    """Predicted memory, time and communication of one complete layout."""
+
+    layout: Layout
+    num_microbatches: int
+    memory: MemoryEstimate
+    flops: FlopsEstimate
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    comm: CommEstimate
+    breakdown: StepBreakdown
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.num_microbatches
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    def to_dict(self) -> dict:
+        """SPEC.md's LAYOUT record (plus a few extra fields)."""
+        lay = self.layout
+        return {
+            "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "zero_stage": lay.zero_stage,
+            "micro_batch_size": lay.micro_batch_size, "grad_accum_steps": self.grad_accum_steps,
+            "num_microbatches": self.num_microbatches, "sequence_parallel": lay.sequence_parallel,
+            "recompute": lay.recompute, "offload": lay.offload, "tag": lay.tag(),
+            "memory": self.memory.to_dict(), "flops_per_step": float(self.flops.model_flops),
+            "hardware_flops_per_step": float(self.flops.hardware_flops), "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
+            "hfu": self.hfu, "bubble_fraction": self.bubble_fraction, "comm": self.comm.to_dict(),
+            "breakdown": {k: float(v) for k, v in vars(self.breakdown).items()},
+        }
+
+
+def estimate_layout(spec: Spec, layout: Layout, cost: CostModel | None = None) -> LayoutEstimate:
+    """Estimate a complete layout of ``spec``; SpecError when a field is open or a rule fails."""
+    if not layout.is_complete:
+        raise SpecError([Problem(FIELD_PATHS[f], "open: estimate_layout needs a complete layout",
+                                 "fix it in the spec or run the planner") for f in layout.open_fields()])
+    problems = check_layout(spec, layout)
+    if problems:
+        raise SpecError(problems)
+    return estimate(EstimateContext.of(spec, cost), layout)
+
+
+def num_microbatches(ctx: EstimateContext, lay: Layout) -> int:
+    return ctx.global_batch // (lay.micro_batch_size * lay.dp)
+
+
+def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None = None,
+                    acts: ActivationsEstimate | None = None) -> MemoryEstimate:
+    """Memory of the busiest GPU (first or last pipeline stage)."""
+    shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
+    params = params or estimate_params(shape, lay.tp, lay.pp)
+    acts = acts or _activations(ctx, lay, params)
+    groups = sum(n > 1 for n in (lay.tp, lay.dp, lay.pp)) + (lay.pp > 1 and shape.tie_embeddings)
+    stages = []
+    for name, psi, act in (("first", params.first_stage_per_gpu, acts.first_stage_bytes),
+                           ("last", params.last_stage_per_gpu, acts.last_stage_bytes)):
+        states = estimate_model_states(psi, lay.dp, lay.zero_stage, lay.offload, ctx.precision)
+        over = estimate_overheads(cost, num_groups=groups, dp=lay.dp, zero_stage=lay.zero_stage,
+                                  local_grad_bytes=psi * hw.dtype_bytes,
+                                  largest_layer_params=params.largest_layer_per_gpu, activations_bytes=act,
+                                  dtype_bytes=hw.dtype_bytes)
+        stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, headroom=cost.hbm_headroom,
+                                   stage=name, host_capacity_bytes=cost.host_memory_bytes_per_gpu))
+    return busiest_stage(*stages)
+
+
+def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> ActivationsEstimate:
+    return estimate_activations(ctx.shape, lay.tp, lay.pp, lay.vpp, lay.sequence_parallel, lay.recompute,
+                                lay.micro_batch_size, num_microbatches(ctx, lay), params.padded_vocab_size,
+                                ctx.hw.dtype_bytes)
+
+
+def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
+    """The estimate of a complete, rule-abiding layout (no checks: the planner's entry)."""
+    shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
+    m = num_microbatches(ctx, lay)
+    params = estimate_params(shape, lay.tp, lay.pp)
+    memory = estimate_memory(ctx, lay, params)
+    timing = step_timing(ctx, lay, params)
+    flops = estimate_flops(shape, ctx.global_batch, lay.recompute)
+    step = timing.step_time_s
+    world = hw.world_size
+    tflops = flops.model_flops / (step * world) / 1e12
+    return LayoutEstimate(
+        layout=lay, num_microbatches=m, memory=memory, flops=flops, step_time_s=step,
+        tokens_per_s=ctx.global_batch * shape.seq_length / step, tflops_per_gpu=tflops,
+        mfu=tflops * 1e12 / hw.peak_flops, hfu=flops.hardware_flops / (step * world) / hw.peak_flops,
+        bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown)
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    step_time_s: float
+    comm: CommEstimate
+    breakdown: StepBreakdown
+
+
+def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None = None) -> StepTiming:
+    """Step time of a layout, with its communication and breakdown."""
+    shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
+    params = params or estimate_params(shape, lay.tp, lay.pp)
+    tp, pp, vpp, dp, mb = lay.tp, lay.pp, lay.vpp, lay.dp, lay.micro_batch_size
+    m = num_microbatches(ctx, lay)
+    full = lay.recompute == "full"
+    gpn = hw.gpus_per_node
+    layer = estimate_layer_time(shape, hw, tp, mb, lay.sequence_parallel, lay.recompute)
+    tokens = shape.seq_length * mb
+    tp_pl = group_placement(tp, 1, gpn)
+    tp_bytes, tp_s = tensor_parallel_layer_comm(tokens=tokens, hidden=shape.hidden_size, pl=tp_pl,
+                                                sp=bool(lay.sequence_parallel), full_recompute=full, hw=hw)
+    tp_exposed = (1 - cost.tp_overlap) * tp_s
+    stage_layers = shape.num_layers // pp
+    slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
+    per_mb = stage_layers * (slow * layer.total_s + tp_exposed)
+    head = slow * head_time_s(shape, hw, tp, mb, params.padded_vocab_size)
+    emb = slow * embedding_time_s(shape, hw, tp, mb)
+    if pp == 1:
+        slowest = mean = per_mb + head + emb
+    else:
+        slowest, mean = per_mb + max(head, emb), per_mb + (head + emb) / pp
+    pp_bytes = pp_s = x_exposed = emb_sync = 0.0
+    if pp > 1:
+        inter = tp * dp * pp > gpn
+        one_bytes, one_s = pipeline_transfer(tokens=tokens, hidden=shape.hidden_size, tp_pl=tp_pl,
+                                             sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
+        x = 2 * vpp * one_s
+        x_exposed = (1 - cost.pp_overlap) * x
+        pp_bytes, pp_s = 2 * vpp * m * one_bytes, m * x
+        if shape.tie_embeddings:
+            emb_bytes = params.padded_vocab_size * shape.hidden_size // tp * hw.dtype_bytes
+            emb_sync = all_reduce_s(emb_bytes, Placement(2, 1, 2) if inter else Placement(2, 2, 1), hw)
+            pp_bytes += ring_bytes(emb_bytes, 2, "all_reduce")
+            pp_s += emb_sync
+    pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
+                           p2p_s=x_exposed)
+    dp_comm = data_parallel_comm(
+        param_bytes=params.per_gpu * hw.dtype_bytes, pl=group_placement(dp, tp, gpn), zero_stage=lay.zero_stage,
+        num_microbatches=m, full_recompute=full, forward_window_s=stage_layers * layer.forward_s,
+        backward_window_s=stage_layers * (layer.backward_s + layer.recompute_s), overlap=cost.dp_overlap, hw=hw)
+    optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
+    step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync
+    tp_total = m * stage_layers * tp_s
+    comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
+                        dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
+                        tp_exposed_s=(1 - cost.tp_overlap) * tp_total,
+                        pp_exposed_s=m * x_exposed + emb_sync)
+    fill = pipe - m * (slowest + x_exposed)
+    breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * tp_exposed), bubble_s=fill,
+                              tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
+                              dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s)
+    return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+
+
+def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int) -> tuple[float, float]:
+    """(optimizer step, per-step parameter fetch) time; offload runs Adam on the CPU over PCIe."""
+    hw = ctx.hw
+    owned = stage_params / lay.dp if lay.zero_stage >= 1 else stage_params
+    if lay.offload == "none":
+        return optimizer_step_s(owned, hw), 0.0
+    pcie = 2 * hw.dtype_bytes * owned / hw.host_Bps          # gradients down, parameters up
+    adam = owned / ctx.cost.cpu_adam_params_per_s
+    fetch = 0.0
+    if lay.offload == "optimizer+params":                     # every forward and backward reads them back
+        fetch = m * (3 if lay.recompute == "full" else 2) * hw.dtype_bytes * owned / hw.host_Bps
+    return adam + pcie, fetch

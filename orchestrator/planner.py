@@ -1,0 +1,301 @@
+"""The planner: enumerate parallel layouts, keep those that follow the rules and fit, rank by step time.
+
+``search(spec, top_k=5, cost=None) -> SearchResult``. Fields the spec fixes are not searched. The open
+ones range over: tp = divisors of gpus_per_node that divide the head and KV-group counts (tensor
+parallelism stays inside a node); pp = divisors of num_layers that divide world / tp; dp = world / (tp*pp);
+micro-batch = divisors of global_batch / dp; vpp = 1, or divisors of the per-stage layer count when
+pp > 2 and the micro-batch count is a multiple of pp; sequence parallel when tp > 1; recompute none /
+selective / full (selective is the same as none with flash attention, so it is skipped there); ZeRO 0-3
+(0-1 with pp > 1, 0 when dp = 1); offload none / optimizer (ZeRO >= 1) / optimizer+params (ZeRO-3), only
+with pp = 1. A layout fits when its busiest GPU needs at most (1 - CostModel.hbm_headroom) of HBM and what
+it offloads fits its share of host memory (CostModel.host_memory_bytes_per_gpu).
+Ranking: predicted step time, ties broken by memory. Every enumerated layout also passes
+:func:`orchestrator.layout.check_layout`.
+
+Shared terms are computed once: parameter counts per (tp, pp), layer times per (tp, micro-batch, sp,
+recompute) and activation memory per stage are cached; the step time of a layout is then arithmetic.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from .errors import Problem, SpecError
+from .estimate.comm import group_placement
+from .estimate.cost import CostModel
+from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
+from .layout import FIELD_PATHS, Layout, check_layout, layout_from_spec
+from .spec import ParallelismSpec, Spec
+
+GiB = 2**30
+RECOMPUTE = ("none", "selective", "full")
+MAX_NODE_FACTOR = 64
+
+
+class NoFitError(SpecError):
+    """No layout fits in GPU memory (exit code 2); the problems say what is closest and what would help."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The planner's answer: the chosen layout, the ranked candidates and why."""
+
+    chosen: LayoutEstimate
+    candidates: list[LayoutEstimate]          # best first; candidates[0] is chosen
+    num_considered: int                       # complete layouts estimated
+    num_fitting: int
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"chosen": self.chosen.to_dict(), "candidates": [c.to_dict() for c in self.candidates]}
+
+
+@dataclass(frozen=True)
+class _Scored:
+    step_time_s: float
+    total_bytes: float
+    fits: bool
+    layout: Layout
+    overflow: float          # worst of GPU bytes / usable HBM and host bytes / host capacity (fits: <= 1)
+
+
+def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None) -> SearchResult:
+    """Rank the layouts of ``spec`` that fit; NoFitError when none does."""
+    ctx = EstimateContext.of(spec, cost)
+    rejected: list[Problem] = []
+    scored = [_score(ctx, lay) for lay in enumerate_layouts(spec, rejected)]
+    if not scored:
+        example = f"; e.g. {rejected[0]}" if rejected else ""
+        raise SpecError(Problem("parallelism", "no layout satisfies the rules with the fixed fields "
+                                f"({_fixed_fields(spec)}) on {spec.world_size} GPUs{example}",
+                                "leave more parallelism fields open, or change the cluster size"))
+    fitting = sorted((s for s in scored if s.fits), key=lambda s: (s.step_time_s, s.total_bytes))
+    if not fitting:
+        raise _no_fit(spec, ctx, scored)
+    ranked = [estimate(ctx, s.layout) for s in fitting[:max(1, top_k)]]
+    best_overall = min(scored, key=lambda s: (s.step_time_s, s.total_bytes))
+    reasons = explain(ctx, ranked, best_overall, len(scored), len(fitting))
+    return SearchResult(chosen=ranked[0], candidates=ranked, num_considered=len(scored),
+                        num_fitting=len(fitting), reasons=reasons)
+
+
+def _score(ctx: EstimateContext, lay: Layout) -> _Scored:
+    mem = estimate_memory(ctx, lay)
+    overflow = max(mem.total_bytes / mem.usable_bytes, mem.host_bytes / mem.host_capacity_bytes)
+    return _Scored(step_timing(ctx, lay).step_time_s, mem.total_bytes, mem.fits, lay, overflow)
+
+
+# --- enumeration ----------------------------------------------------------------------------------
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def enumerate_layouts(spec: Spec, rejected: list[Problem] | None = None) -> Iterator[Layout]:
+    """Every complete layout that honours the spec's fixed fields and passes ``check_layout``.
+
+    Open fields only range over values that satisfy the rules by construction; ``check_layout`` still
+    runs on each layout (it catches combinations with fixed fields and any rule added later). The
+    problems of rejected layouts are appended to ``rejected`` when given.
+    """
+    for lay in _candidates(spec):
+        problems = check_layout(spec, lay)
+        if not problems:
+            yield lay
+        elif rejected is not None and len(rejected) < 1:
+            rejected.extend(problems[:1])
+
+
+def _candidates(spec: Spec) -> Iterator[Layout]:
+    fixed = layout_from_spec(spec)
+    world, m = spec.world_size, spec.model
+    batch = spec.training.global_batch_size
+    for tp in _tp_options(spec, fixed):
+        for pp in _opt(fixed.pp, [p for p in divisors(m.num_layers) if world % (tp * p) == 0]):
+            if world % (tp * pp) or m.num_layers % pp:
+                continue
+            dp = world // (tp * pp)
+            if (fixed.dp is not None and fixed.dp != dp) or batch % dp:
+                continue
+            for mb in _opt(fixed.micro_batch_size, divisors(batch // dp)):
+                if batch % (mb * dp):
+                    continue
+                yield from _inner(spec, fixed, tp, pp, dp, mb, batch // (mb * dp))
+
+
+def _inner(spec: Spec, fixed: Layout, tp: int, pp: int, dp: int, mb: int, num_mb: int) -> Iterator[Layout]:
+    for vpp in _opt(fixed.vpp, _vpp_options(spec.model.num_layers, pp, num_mb)):
+        for sp in _opt(fixed.sequence_parallel, [False, True] if tp > 1 and spec.model.seq_length % tp == 0
+                       else [False]):
+            recomputes = [r for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
+            for rec in _opt(fixed.recompute, recomputes):
+                for zero in _opt(fixed.zero_stage, _zero_options(pp, dp)):
+                    for off in _opt(fixed.offload, _offload_options(pp, zero)):
+                        yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
+                                     sequence_parallel=sp, recompute=rec, offload=off)
+
+
+def _opt(fixed, options: list) -> list:
+    return [fixed] if fixed is not None else options
+
+
+def _tp_options(spec: Spec, fixed: Layout) -> list[int]:
+    if fixed.tp is not None:
+        return [fixed.tp]
+    m = spec.model
+    return [t for t in divisors(spec.cluster.gpus_per_node)
+            if m.num_attention_heads % t == 0 and m.num_query_groups % t == 0 and spec.world_size % t == 0]
+
+
+def _vpp_options(num_layers: int, pp: int, num_mb: int) -> list[int]:
+    if pp <= 2 or num_mb % pp:
+        return [1]
+    return divisors(num_layers // pp)
+
+
+def _zero_options(pp: int, dp: int) -> list[int]:
+    if dp == 1:
+        return [0]
+    return [0, 1] if pp > 1 else [0, 1, 2, 3]
+
+
+def _offload_options(pp: int, zero: int) -> list[str]:
+    if pp > 1 or zero == 0:
+        return ["none"]
+    return ["none", "optimizer", "optimizer+params"] if zero == 3 else ["none", "optimizer"]
+
+
+def _fixed_fields(spec: Spec) -> str:
+    lay = layout_from_spec(spec)
+    fixed = [f"{FIELD_PATHS[f.name].split('.')[-1]}={getattr(lay, f.name)}" for f in dataclasses.fields(lay)
+             if getattr(lay, f.name) is not None]
+    return ", ".join(fixed) or "none fixed"
+
+
+# --- explanations ---------------------------------------------------------------------------------
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GiB:.1f} GiB"
+
+
+def describe(est: LayoutEstimate) -> str:
+    lay = est.layout
+    extras = [f"v{lay.vpp}" if lay.vpp > 1 else "", "sp" if lay.sequence_parallel else "",
+              f"recompute={lay.recompute}", f"offload={lay.offload}" if lay.offload != "none" else ""]
+    return f"{lay.tag()} ({', '.join(e for e in extras if e)})"
+
+
+def memory_breakdown(mem) -> str:
+    text = (f"params {_gib(mem.params_bytes)}, grads {_gib(mem.grads_bytes)}, optimizer {_gib(mem.optimizer_bytes)}, "
+            f"activations {_gib(mem.activations_bytes)}, other {_gib(mem.other_bytes)}")
+    if mem.host_bytes:
+        text += f"; host {_gib(mem.host_bytes)} of {_gib(mem.host_capacity_bytes)}"
+    return text
+
+
+def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _Scored, considered: int,
+            fitting: int) -> list[str]:
+    """A few lines for people: why the winner won and what limits it (memory, bubble, network)."""
+    top = ranked[0]
+    lines = [f"chose {describe(top)}: {top.step_time_s:.3g} s/step, {top.tflops_per_gpu:.3g} TFLOP/s per GPU, "
+             f"MFU {top.mfu:.1%}; {fitting} of {considered} layouts fit."]
+    if len(ranked) > 1:
+        gap = ranked[1].step_time_s / top.step_time_s - 1
+        diff = ", ".join(f"{f.name} {getattr(ranked[1].layout, f.name)}" for f in dataclasses.fields(Layout)
+                         if getattr(ranked[1].layout, f.name) != getattr(top.layout, f.name))
+        lines.append(f"runner-up {describe(ranked[1])} ({diff}) is {gap:.1%} slower"
+                     + (f" and needs {_gib(ranked[1].memory.total_bytes)}." if gap < 0.001 else "."))
+    mem = top.memory
+    host = f"; {_gib(mem.host_bytes)} offloaded to host memory" if mem.host_bytes else ""
+    lines.append(f"memory: {_gib(mem.total_bytes)} of {_gib(mem.usable_bytes)} usable on the {mem.stage} "
+                 f"pipeline stage ({memory_breakdown(mem)}){host}.")
+    if best_overall.step_time_s < top.step_time_s * 0.999 and not best_overall.fits:
+        lines.append(f"limited by memory: {best_overall.layout.tag()} (recompute={best_overall.layout.recompute}) "
+                     f"would be {top.step_time_s / best_overall.step_time_s - 1:.1%} faster but needs "
+                     f"{_gib(best_overall.total_bytes)}.")
+    lines.append(_time_line(top))
+    lines.append(_network_line(ctx, top))
+    return lines
+
+
+def _network_line(ctx: EstimateContext, est: LayoutEstimate) -> str:
+    lay, comm, hw = est.layout, est.comm, ctx.hw
+    dp_nodes = group_placement(lay.dp, lay.tp, hw.gpus_per_node).num_nodes
+    where = "inside one node" if dp_nodes == 1 else f"across {dp_nodes} nodes at {hw.inter_Bps / 1e9:.0f} GB/s per GPU"
+    return (f"network: {comm.exposed_s / est.step_time_s:.1%} of the step is exposed communication "
+            f"(TP {comm.tp_exposed_s:.3g} s over NVLink at {hw.intra_Bps / 1e9:.0f} GB/s busbw, PP {comm.pp_exposed_s:.3g} s, "
+            f"DP {comm.dp_exposed_s:.3g} s of {comm.dp_s:.3g} s; the DP group of {lay.dp} lies {where}).")
+
+
+def _time_line(est: LayoutEstimate) -> str:
+    b, step = est.breakdown, est.step_time_s
+    parts = {"compute": b.compute_s, "pipeline bubble": b.bubble_s, "TP comm": b.tp_exposed_s,
+             "PP p2p": b.pp_exposed_s, "DP comm (exposed)": b.dp_exposed_s, "optimizer": b.optimizer_s,
+             "offload": b.offload_s}
+    shares = ", ".join(f"{k} {v / step:.0%}" for k, v in parts.items() if v / step >= 0.005)
+    worst = max((k for k in parts if k != "compute"), key=lambda k: parts[k])
+    limit = f"largest overhead: {worst} ({parts[worst] / step:.1%} of the step)"
+    if worst == "pipeline bubble":
+        lay = est.layout
+        limit += f", bubble fraction (p-1)/(v*m+p-1) = {est.bubble_fraction:.1%} with m={est.num_microbatches}"
+    elif worst == "DP comm (exposed)":
+        limit += f"; DP sends {est.comm.dp_bytes / 1e9:.2f} GB per GPU per step in {est.comm.dp_s:.3g} s"
+    return f"time: {shares}; {limit}."
+
+
+# --- when nothing fits ----------------------------------------------------------------------------
+
+def _no_fit(spec: Spec, ctx: EstimateContext, scored: list[_Scored]) -> NoFitError:
+    closest = min(scored, key=lambda s: (s.overflow, s.step_time_s))
+    est = estimate(ctx, closest.layout)
+    mem = est.memory
+    limit = (f"{_gib(mem.usable_bytes)} per GPU ({spec.cluster.gpu}: {_gib(mem.hbm_bytes)} HBM less "
+             f"{ctx.cost.hbm_headroom:.0%} headroom; {_gib(mem.host_capacity_bytes)} host memory per GPU for offload)")
+    needs = f"needs {_gib(mem.total_bytes)} on the {mem.stage} pipeline stage: {memory_breakdown(mem)}"
+    if layout_from_spec(spec).is_complete:
+        message = f"the layout fixed in the spec, {describe(est)}, does not fit in {limit}: it {needs}"
+    else:
+        message = f"none of {len(scored)} layouts fits in {limit}; closest: {describe(est)} {needs}"
+    return NoFitError([Problem("parallelism", message, _fit_hints(spec, ctx, closest.layout))])
+
+
+def _fit_hints(spec: Spec, ctx: EstimateContext, closest: Layout) -> str:
+    hints = []
+    fixed = layout_from_spec(spec)
+    if fixed.open_fields() != [f.name for f in dataclasses.fields(Layout)] and _fits_with(spec, ctx, open_all=True):
+        hints.append(f"leave the parallelism fields open ({_fixed_fields(spec)} are fixed)")
+    for name, value in (("recompute", "full"), ("micro_batch_size", 1)):
+        if getattr(closest, name) != value:
+            hints.append(f"{FIELD_PATHS[name]}: {value}")
+    if closest.pp == 1 and closest.offload != "optimizer+params":
+        hints.append("zero_stage 3 with offload: optimizer+params")
+    nodes = _nodes_to_fit(spec, ctx)
+    if nodes:
+        hints.append(f"more GPUs: {nodes} nodes x {spec.cluster.gpus_per_node} would fit")
+    else:
+        hints.append(f"more GPUs (even {spec.cluster.num_nodes * MAX_NODE_FACTOR} nodes would not fit), a GPU with "
+                     "more memory, or a smaller model / shorter sequence")
+    return "try: " + "; ".join(hints)
+
+
+def _open_spec(spec: Spec, num_nodes: int | None = None) -> Spec:
+    cluster = spec.cluster if num_nodes is None else dataclasses.replace(spec.cluster, num_nodes=num_nodes)
+    return dataclasses.replace(spec, parallelism=ParallelismSpec(), cluster=cluster)
+
+
+def _fits_with(spec: Spec, ctx: EstimateContext, *, open_all: bool) -> bool:
+    probe = _open_spec(spec) if open_all else spec
+    return any(estimate_memory(ctx, lay).fits for lay in enumerate_layouts(probe))
+
+
+def _nodes_to_fit(spec: Spec, ctx: EstimateContext) -> int | None:
+    """Smallest node count (doubling, global batch kept) at which some layout fits in memory."""
+    factor = 2
+    while factor <= MAX_NODE_FACTOR:
+        nodes = spec.cluster.num_nodes * factor
+        if _fits_with(_open_spec(spec, nodes), ctx, open_all=False):
+            return nodes
+        factor *= 2
+    return None

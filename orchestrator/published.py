@@ -1,0 +1,72 @@
+"""Published training runs as specs the cost model can be checked (and later calibrated) against.
+
+A reference file (``tests/data/published-cases.json``, a copy of the shared references) lists cases with
+a model shape, a cluster, a global batch and the published layout and figures. :func:`throughput_spec`
+turns a throughput case into a :class:`~orchestrator.spec.Spec`; with ``published_layout=True`` the
+spec fixes what the paper fixed, and leaves open what it did not publish (micro-batch size and the
+interleaving degree), for the planner to choose.
+
+Narayanan et al. 2021, Table 1 runs are modelled as the software of the time ran them: Megatron-LM with
+fp16 mixed precision, no fused (flash) attention, no sequence parallelism, full activation recomputation,
+no ZeRO (plain data parallelism).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .spec import Spec, parse_spec
+
+# Micro-batch sizes tried for a published layout that does not state one: the powers of two the paper's
+# own micro-batch study explores (Narayanan et al. 2021, section 5.4.2).
+PLAUSIBLE_MICRO_BATCHES = (1, 2, 4, 8)
+
+GPU_KEYS = {"A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb", "H100-SXM5-80GB": "h100-sxm"}
+
+
+def load_cases(path: str | Path, kind: str | None = None) -> list[dict]:
+    """The cases of a references file, optionally only those of one ``kind``."""
+    cases = json.loads(Path(path).read_text())
+    return [c for c in cases if kind is None or c["kind"] == kind]
+
+
+def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
+    """A spec for a throughput case; the published layout fixed, or every parallelism field open."""
+    m, c, pub = case["model"], case["cluster"], case["published"]
+    gpn = c["gpus_per_node"]
+    data = {
+        "name": case["id"].replace(".", "_")[:64],
+        "model": {"num_layers": m["layers"], "hidden_size": m["hidden"], "num_attention_heads": m["heads"],
+                  "vocab_size": m["vocab"], "seq_length": m["seq_len"], "flash_attention": False},
+        "cluster": {"gpu": GPU_KEYS[c["gpu_type"]], "num_nodes": c["gpus"] // gpn, "gpus_per_node": gpn},
+        "training": {"global_batch_size": case["global_batch"], "precision": "fp16"},
+    }
+    if published_layout:
+        data["parallelism"] = {"tensor": pub["tp"], "pipeline": pub["pp"], "data": pub["dp"],
+                               "zero_stage": pub["zero_stage"], "recompute": pub["recompute"],
+                               "sequence_parallel": False, "offload": "none"}
+        if pub.get("micro_batch"):
+            data["parallelism"]["micro_batch_size"] = pub["micro_batch"]
+    return parse_spec(data)
+
+
+def published_estimate(case: dict, cost=None):
+    """The published layout with the most plausible unpublished fields: for each micro-batch size of
+    PLAUSIBLE_MICRO_BATCHES that divides the batch, the planner picks the interleaving; the fastest
+    layout that fits wins. Returns a LayoutEstimate (NoFitError if none fits)."""
+    from .errors import SpecError
+    from .planner import search
+
+    best, last_error = None, None
+    for mb in PLAUSIBLE_MICRO_BATCHES:
+        try:
+            spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
+            est = search(spec, top_k=1, cost=cost).chosen
+        except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
+            last_error = e
+            continue
+        if best is None or est.step_time_s < best.step_time_s:
+            best = est
+    if best is None:
+        raise last_error
+    return best

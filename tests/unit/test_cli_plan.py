@@ -1,0 +1,80 @@
+"""`orch plan`: ranked table and why-lines for each example, --json as SPEC.md, exit 2 when nothing fits."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from tests.conftest import EXAMPLES, ROOT
+from tests.unit.test_estimate_step import COMM_KEYS, LAYOUT_KEYS, MEMORY_KEYS
+
+PLAN_EXAMPLES = ["llama3-8b-64xh100", "gpt3-1.7b-32xa100", "gpt3-175b-1024xa100"]
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    return info.value.code, out, err
+
+
+@pytest.mark.parametrize("name", PLAN_EXAMPLES)
+def test_plan_prints_a_ranked_table(name, capsys):
+    code, out, err = run_cli(["plan", str(EXAMPLES / f"{name}.yaml"), "--top", "3"], capsys)
+    assert code == 0, err
+    assert "layout" in out and "MFU" in out and "TFLOP/s" in out and "total GiB" in out
+    for rank in ("1", "2", "3"):
+        assert f"│ {rank} │" in out
+    assert "- chose " in out and "- memory:" in out and "- time:" in out
+
+
+@pytest.mark.parametrize("name", PLAN_EXAMPLES)
+def test_plan_json_matches_spec_md(name, capsys):
+    code, out, _ = run_cli(["plan", str(EXAMPLES / f"{name}.yaml"), "--json", "--top", "4"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == {"chosen", "candidates"}
+    assert data["chosen"] == data["candidates"][0] and len(data["candidates"]) == 4
+    for layout in data["candidates"]:
+        assert LAYOUT_KEYS <= set(layout)
+        assert MEMORY_KEYS <= set(layout["memory"]) and COMM_KEYS <= set(layout["comm"])
+        assert layout["memory"]["fits"] is True
+    assert out == json.dumps(data, sort_keys=True, indent=2) + "\n"
+
+
+def test_example_fixed_fields_are_honoured(capsys):
+    _, out, _ = run_cli(["plan", str(EXAMPLES / "gpt3-175b-1024xa100.yaml"), "--json"], capsys)
+    chosen = json.loads(out)["chosen"]
+    assert (chosen["tp"], chosen["pp"], chosen["dp"]) == (8, 16, 8)
+
+
+def test_nothing_fits_exits_2_with_hints(tmp_path, capsys):
+    spec = {"name": "too-big", "model": {"preset": "gpt3-1t"},
+            "cluster": {"gpu": "a100-40gb", "num_nodes": 1, "gpus_per_node": 8},
+            "training": {"global_batch_size": 8}}
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, out, err = run_cli(["plan", str(path)], capsys)
+    assert code == 2 and out == ""
+    assert "closest" in err and "more GPUs" in err and "Traceback" not in err
+
+
+def test_invalid_spec_exits_2(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nmodel: {preset: gpt3-1.7b}\n")
+    code, _, err = run_cli(["plan", str(path)], capsys)
+    assert code == 2 and "cluster" in err
+
+
+def test_plan_imports_no_training_stack():
+    code = ("import sys\nfrom orchestrator.cli import main\n"
+            "try:\n    main(['plan', sys.argv[1], '--json'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('torch', 'deepspeed', 'megatron', 'wandb') if m in sys.modules]\n"
+            "sys.stderr.write(repr(heavy))\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(EXAMPLES / "llama3-8b-64xh100.yaml")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.stderr.strip().endswith("[]"), proc.stderr

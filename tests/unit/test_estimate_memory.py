@@ -1,0 +1,96 @@
+"""Model-state memory (ZeRO closed forms, offload, DeepSpeed accounting), overheads, busiest stage."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.estimate.cost import CostModel
+from orchestrator.estimate.memory import DEEPSPEED, estimate_model_states, estimate_overheads
+from orchestrator.estimate.step import EstimateContext, estimate_memory
+from orchestrator.layout import Layout
+from orchestrator.spec import parse_spec
+
+PSI = 7.5e9
+
+
+@pytest.mark.parametrize("n", [1, 8, 64, 1024])
+def test_zero_closed_forms(n):
+    """Rajbhandari et al. 2020, section 3.1: 16 / 4+12/N / 2+14/N / 16/N bytes per parameter."""
+    total = {z: estimate_model_states(PSI, n, z).total_bytes for z in range(4)}
+    assert total[0] == pytest.approx(16 * PSI)
+    assert total[1] == pytest.approx(4 * PSI + 12 * PSI / n)
+    assert total[2] == pytest.approx(2 * PSI + 14 * PSI / n)
+    assert total[3] == pytest.approx(16 * PSI / n)
+
+
+def test_zero_split_by_kind():
+    s = estimate_model_states(PSI, 64, 2)
+    assert (s.params_bytes, s.grads_bytes, s.optimizer_bytes) == pytest.approx((2 * PSI, 2 * PSI / 64, 12 * PSI / 64))
+
+
+def test_fp32_training_keeps_no_master_copy():
+    s = estimate_model_states(PSI, 1, 0, precision="fp32")
+    assert (s.params_bytes, s.grads_bytes, s.optimizer_bytes) == pytest.approx((4 * PSI, 4 * PSI, 8 * PSI))
+
+
+@pytest.mark.parametrize("zero,offload", [(1, "optimizer"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")])
+def test_offload_moves_bytes_to_host_without_losing_any(zero, offload):
+    on_gpu = estimate_model_states(PSI, 8, zero)
+    moved = estimate_model_states(PSI, 8, zero, offload)
+    assert moved.optimizer_bytes == 0
+    assert moved.host_bytes > 0
+    assert moved.total_bytes + moved.host_bytes == pytest.approx(on_gpu.total_bytes)
+    if offload == "optimizer+params":
+        assert moved.total_bytes == 0
+
+
+def test_deepspeed_accounting_stage2_and_3():
+    """DeepSpeed's estimator: stage 2 = 4P + 16P/N; stage 3 = 18P/N (+ 4 x largest layer in overheads)."""
+    p, n = 2.851e9, 8
+    assert estimate_model_states(p, n, 2, accounting=DEEPSPEED).total_bytes == pytest.approx(4 * p + 16 * p / n)
+    assert estimate_model_states(p, n, 2, "optimizer", accounting=DEEPSPEED).total_bytes == pytest.approx(2 * p)
+    assert estimate_model_states(p, n, 3, accounting=DEEPSPEED).total_bytes == pytest.approx(18 * p / n)
+    assert estimate_model_states(p, n, 3, "optimizer", accounting=DEEPSPEED).total_bytes == pytest.approx(2 * p / n)
+
+
+def test_overheads_are_explicit_terms():
+    cost = CostModel()
+    o = estimate_overheads(cost, num_groups=2, dp=8, zero_stage=3, local_grad_bytes=1e12,
+                           largest_layer_params=1_000_000, activations_bytes=10e9)
+    assert o.cuda_context_bytes == cost.cuda_context_bytes
+    assert o.nccl_bytes == 2 * cost.nccl_bytes_per_group
+    assert o.dp_bucket_bytes == 2 * cost.dp_bucket_bytes
+    assert o.zero3_live_bytes == 4 * 1_000_000
+    assert o.fragmentation_bytes == pytest.approx(cost.fragmentation * 10e9)
+    assert o.total_bytes == pytest.approx(sum(vars(o).values()))
+    assert estimate_overheads(cost, num_groups=0, dp=1, zero_stage=0, local_grad_bytes=1e12,
+                              largest_layer_params=1, activations_bytes=0).dp_bucket_bytes == 0
+
+
+def _ctx(**par):
+    spec = parse_spec({"name": "m", "model": {"preset": "gpt3-7.5b"},
+                       "cluster": {"gpu": "a100-80gb", "num_nodes": 8, "gpus_per_node": 8},
+                       "training": {"global_batch_size": 512, "precision": "bf16"}})
+    return EstimateContext.of(spec)
+
+
+def test_memory_breakdown_adds_up_and_fits_uses_headroom():
+    ctx = _ctx()
+    lay = Layout(tp=2, pp=4, vpp=1, dp=8, zero_stage=1, micro_batch_size=1, sequence_parallel=True,
+                 recompute="selective", offload="none")
+    mem = estimate_memory(ctx, lay)
+    parts = mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes + mem.activations_bytes + mem.other_bytes
+    assert mem.total_bytes == pytest.approx(parts)
+    assert mem.usable_bytes == pytest.approx(mem.hbm_bytes * (1 - ctx.cost.hbm_headroom))
+    assert mem.fits == (mem.total_bytes <= mem.usable_bytes)
+    assert mem.stage == "first"          # 1F1B: the first stage holds p micro-batches
+    d = mem.to_dict()
+    for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
+                "total_bytes", "hbm_bytes", "fits", "host_bytes"):
+        assert key in d
+
+
+def test_more_recompute_less_memory():
+    ctx = _ctx()
+    base = dict(tp=8, pp=1, vpp=1, dp=8, zero_stage=1, micro_batch_size=4, sequence_parallel=False, offload="none")
+    mems = [estimate_memory(ctx, Layout(**base, recompute=r)).activations_bytes for r in ("none", "selective", "full")]
+    assert mems[0] >= mems[1] > mems[2]

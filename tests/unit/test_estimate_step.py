@@ -1,0 +1,81 @@
+"""estimate_layout: SPEC.md's LAYOUT record, metric definitions, the CostModel seam."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.estimate import CostModel, estimate_layout
+from orchestrator.layout import Layout
+from orchestrator.spec import parse_spec
+
+SPEC = parse_spec({"name": "s", "model": {"preset": "gpt3-7.5b"},
+                   "cluster": {"gpu": "a100-80gb", "num_nodes": 8, "gpus_per_node": 8},
+                   "training": {"global_batch_size": 512, "precision": "bf16"}})
+LAYOUT = Layout(tp=4, pp=4, vpp=3, dp=4, zero_stage=1, micro_batch_size=2, sequence_parallel=True,
+                recompute="selective", offload="none")
+LAYOUT_KEYS = {"tp", "pp", "vpp", "dp", "zero_stage", "micro_batch_size", "grad_accum_steps", "num_microbatches",
+               "sequence_parallel", "recompute", "offload", "memory", "flops_per_step", "step_time_s", "tokens_per_s",
+               "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "comm"}
+MEMORY_KEYS = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "total_bytes",
+               "hbm_bytes", "fits"}
+COMM_KEYS = {"dp_bytes", "tp_bytes", "pp_bytes", "dp_s", "tp_s", "pp_s", "exposed_s"}
+
+
+def test_to_dict_has_the_spec_md_shape():
+    d = estimate_layout(SPEC, LAYOUT).to_dict()
+    assert LAYOUT_KEYS <= set(d)
+    assert MEMORY_KEYS <= set(d["memory"])
+    assert COMM_KEYS <= set(d["comm"])
+    assert d["grad_accum_steps"] == d["num_microbatches"] == 512 // (2 * 4)
+    assert isinstance(d["memory"]["fits"], bool) and isinstance(d["memory"]["total_bytes"], int)
+
+
+def test_metric_definitions():
+    est = estimate_layout(SPEC, LAYOUT)
+    world, peak = 64, 312e12
+    assert est.tokens_per_s == pytest.approx(512 * 2048 / est.step_time_s)
+    assert est.tflops_per_gpu == pytest.approx(est.flops.model_flops / (est.step_time_s * world) / 1e12)
+    assert est.mfu == pytest.approx(est.tflops_per_gpu * 1e12 / peak)
+    assert est.hfu == pytest.approx(est.flops.hardware_flops / (est.step_time_s * world) / peak)
+    assert est.bubble_fraction == pytest.approx(3 / (3 * 64 + 3))
+    assert est.comm.exposed_s == pytest.approx(est.comm.dp_exposed_s + est.comm.tp_exposed_s + est.comm.pp_exposed_s)
+
+
+def test_step_time_breakdown_adds_up():
+    est = estimate_layout(SPEC, LAYOUT)
+    b = est.breakdown
+    total = b.compute_s + b.bubble_s + b.tp_exposed_s + b.pp_exposed_s + b.dp_exposed_s + b.optimizer_s + b.offload_s
+    assert total == pytest.approx(est.step_time_s, rel=1e-6)
+
+
+def test_open_field_or_broken_rule_is_a_spec_error():
+    with pytest.raises(SpecError, match="parallelism.micro_batch_size"):
+        estimate_layout(SPEC, dataclasses.replace(LAYOUT, micro_batch_size=None))
+    with pytest.raises(SpecError, match="global_batch_size"):
+        estimate_layout(SPEC, dataclasses.replace(LAYOUT, micro_batch_size=3))
+
+
+def test_cost_model_is_the_calibration_seam():
+    base = estimate_layout(SPEC, LAYOUT)
+    slower = estimate_layout(SPEC, LAYOUT, CostModel(matmul_efficiency=0.4))
+    assert slower.step_time_s > 1.5 * base.step_time_s
+    assert CostModel.from_dict(CostModel().to_dict()) == CostModel()
+    with pytest.raises(SpecError, match="did you mean 'dp_overlap'"):
+        CostModel.from_dict({"dp_overlapp": 0.5})
+    with pytest.raises(SpecError, match="calibration.hbm_efficiency"):
+        CostModel.from_dict({"hbm_efficiency": 1.5})
+    assert CostModel.from_dict({"dp_overlap": 0.0, "matmul_efficiency": 0.5}).dp_overlap == 0.0
+
+
+def test_offload_reports_host_bytes_and_costs_time():
+    spec = parse_spec({"name": "o", "model": {"preset": "gpt3-1.7b"}, "cluster": {"gpu": "a100-80gb"},
+                       "training": {"global_batch_size": 64}})
+    lay = Layout(tp=1, pp=1, vpp=1, dp=8, zero_stage=3, micro_batch_size=1, sequence_parallel=False,
+                 recompute="full", offload="none")
+    on, off = estimate_layout(spec, lay), estimate_layout(spec, dataclasses.replace(lay, offload="optimizer+params"))
+    assert on.memory.host_bytes == 0 and off.memory.host_bytes > 0
+    assert off.memory.total_bytes < on.memory.total_bytes
+    assert off.step_time_s > on.step_time_s
+    assert off.to_dict()["memory"]["host_bytes"] > 0

@@ -1,0 +1,115 @@
+"""The planner: fixed fields constrain, rules and memory filter, ranking, explanations, no-fit errors."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.errors import SpecError
+from orchestrator.estimate import estimate_layout
+from orchestrator.layout import check_layout, layout_from_spec
+from orchestrator.planner import NoFitError, enumerate_layouts, search
+from orchestrator.spec import parse_spec
+
+
+def spec(preset="gpt3-7.5b", gpu="a100-80gb", nodes=2, batch=128, **par):
+    return parse_spec({"name": "p", "model": {"preset": preset},
+                       "cluster": {"gpu": gpu, "num_nodes": nodes, "gpus_per_node": 8},
+                       "training": {"global_batch_size": batch, "precision": "bf16"}, "parallelism": par})
+
+
+def test_ranked_by_step_time_and_all_fit_and_follow_rules():
+    s = spec()
+    result = search(s, top_k=8)
+    times = [c.step_time_s for c in result.candidates]
+    assert times == sorted(times)
+    assert result.chosen is result.candidates[0]
+    assert all(c.fits for c in result.candidates)
+    assert all(not check_layout(s, c.layout) for c in result.candidates)
+    assert result.num_considered >= result.num_fitting >= len(result.candidates) == 8
+
+
+def test_chosen_matches_estimate_layout():
+    s = spec()
+    chosen = search(s).chosen
+    again = estimate_layout(s, chosen.layout)
+    assert again.step_time_s == pytest.approx(chosen.step_time_s)
+    assert again.memory.total_bytes == pytest.approx(chosen.memory.total_bytes)
+
+
+def test_fixed_fields_constrain_the_search():
+    s = spec(tensor=2, recompute="full", zero_stage=1)
+    lays = list(enumerate_layouts(s))
+    assert lays and all(l.tp == 2 and l.recompute == "full" and l.zero_stage == 1 for l in lays)
+    assert all(l.tp * l.pp * l.dp == 16 for l in lays)
+
+
+def test_fully_fixed_spec_has_one_candidate():
+    s = spec(tensor=2, pipeline=2, virtual_pipeline=1, data=4, zero_stage=1, micro_batch_size=2,
+             sequence_parallel=True, recompute="selective", offload="none")
+    result = search(s, top_k=5)
+    assert len(result.candidates) == 1 and result.num_considered == 1
+    assert result.chosen.layout == layout_from_spec(s)
+
+
+def test_enumeration_covers_every_open_field():
+    lays = list(enumerate_layouts(spec(nodes=1, batch=64)))
+    assert {l.tp for l in lays} == {1, 2, 4, 8}
+    assert {l.zero_stage for l in lays} == {0, 1, 2, 3}
+    assert {l.recompute for l in lays} == {"none", "full"}          # selective == none with flash attention
+    assert {l.offload for l in lays} == {"none", "optimizer", "optimizer+params"}
+    assert {l.sequence_parallel for l in lays} == {False, True}
+    assert any(l.vpp > 1 for l in lays) and any(l.pp > 1 for l in lays)
+    assert all(not l.sequence_parallel for l in lays if l.tp == 1)
+    assert all(l.offload == "none" and l.zero_stage <= 1 for l in lays if l.pp > 1)
+
+
+def test_reasons_explain_winner_and_limits():
+    result = search(spec())
+    text = "\n".join(result.reasons)
+    assert result.chosen.layout.tag() in text
+    assert "memory:" in text and "time:" in text and "largest overhead" in text
+
+
+def test_memory_limit_is_named_when_it_binds():
+    result = search(spec(preset="gpt3-39b", nodes=4, batch=256))
+    assert any("limited by memory" in r for r in result.reasons)
+
+
+def test_nothing_fits_raises_no_fit_with_closest_and_hints():
+    s = spec(preset="gpt3-1t", gpu="a100-40gb", nodes=1, batch=8)   # even host memory cannot hold 16 TB
+    with pytest.raises(NoFitError) as info:
+        search(s)
+    err = info.value
+    assert err.exit_code == 2 and isinstance(err, SpecError)
+    message = str(err)
+    assert "closest" in message and "params" in message and "activations" in message
+    assert "more GPUs" in message and "nodes" in message
+
+
+def test_fixed_layout_that_does_not_fit_reports_breakdown():
+    s = spec(preset="gpt3-18b", nodes=1, batch=8, tensor=1, pipeline=1, virtual_pipeline=1, zero_stage=0,
+             micro_batch_size=1, sequence_parallel=False, recompute="none", offload="none")
+    with pytest.raises(NoFitError) as info:
+        search(s)
+    message = str(info.value)
+    assert "the layout fixed in the spec" in message and "does not fit" in message
+    assert "optimizer" in message and "GiB" in message
+    assert "leave the parallelism fields open" in message
+
+
+def test_no_layout_follows_the_rules_is_a_spec_error():
+    s = parse_spec({"name": "r", "model": {"preset": "gpt3-1.7b"},          # sp needs tp > 1; 1 GPU per node
+                    "cluster": {"gpu": "a100-80gb", "num_nodes": 2, "gpus_per_node": 1},
+                    "training": {"global_batch_size": 8}, "parallelism": {"sequence_parallel": True}})
+    with pytest.raises(SpecError, match="no layout satisfies the rules") as info:
+        search(s)
+    assert not isinstance(info.value, NoFitError)
+
+
+def test_full_1t_search_completes():
+    """The 1T / 3072-GPU search of issue 3 (its speed is measured by benchmarks/planner_speed.py)."""
+    s = parse_spec({"name": "t", "model": {"preset": "gpt3-1t"},
+                    "cluster": {"gpu": "a100-80gb", "num_nodes": 384, "gpus_per_node": 8},
+                    "training": {"global_batch_size": 3072}})
+    result = search(s)
+    assert result.num_considered > 1000
+    assert result.chosen.layout.tp == 8 and result.chosen.fits
