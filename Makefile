@@ -10,7 +10,7 @@ export DS_BUILD_OPS ?= 0
 export DS_ACCELERATOR ?= cpu
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: venv test test-fast demo schemas golden clean bench
+.PHONY: venv test test-fast demo schemas megatron-flags golden clean bench
 
 venv: $(STAMP)
 
@@ -33,6 +33,10 @@ demo: venv
 
 schemas: venv
 	$(BIN)/python -m orchestrator.schemas_export
+
+# Re-derive schemas/megatron_lm_args.json from Megatron-LM's arguments.py (needs ORCH_MEGATRON_LM).
+megatron-flags: venv
+	$(BIN)/python tests/tools/export_megatron_lm_args.py
 
 golden: venv
 	ORCH_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/golden

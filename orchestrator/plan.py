@@ -43,9 +43,13 @@ class Plan:
     def spec_sha256(self) -> str:
         return spec_sha256(self.spec)
 
-    def plan_record(self) -> dict:
-        """plan.json: the chosen LAYOUT and the top candidates (the shape of `orch plan --json`)."""
-        return {"chosen": self.chosen, "candidates": self.candidates}
+    def plan_record(self, notes: list[str] | None = None) -> dict:
+        """plan.json: the chosen LAYOUT and the top candidates (the shape of `orch plan --json`), plus
+        notes on what a generated file cannot express."""
+        record = {"chosen": self.chosen, "candidates": self.candidates}
+        if notes:
+            record["notes"] = notes
+        return record
 
 
 def build_plan(spec: Spec, *, top_k: int = 5, cost=None) -> Plan:

@@ -132,7 +132,7 @@ def parse(cls: type, data: Any, path: str, problems: list[Problem]) -> Any:
 def _parse_value(tp: Any, value: Any, path: str, problems: list[Problem], meta: Any) -> Any:
     optional, inner = _is_optional(tp)
     if value is None and dataclasses.is_dataclass(tp):
-        return parse(tp, {}, path, problems)  # an empty YAML section ("parallelism:") = all defaults
+        value = {}  # an empty YAML section ("parallelism:") means all defaults
     if value is None:
         if optional:
             return None

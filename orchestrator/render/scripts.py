@@ -34,9 +34,9 @@ def header(plan: Plan, comment: str = "#") -> str:
 
 def env_assignments(plan: Plan) -> dict[str, str]:
     """Environment every rank needs, as NAME -> value (values unquoted)."""
-    env: dict[str, str] = {}
-    if plan.layout.tp > 1:
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # Megatron-LM requires it with tp > 1
+    from .megatron import megatron_env  # noqa: PLC0415
+
+    env = dict(megatron_env(plan))  # CUDA_DEVICE_MAX_CONNECTIONS as Megatron-LM asserts it for this layout
     if plan.spec.cluster.gpu == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
     return env

@@ -66,7 +66,12 @@ def check_plan_agrees(run: RunDir) -> list[Problem]:
 
 
 def _script_checks(run: RunDir) -> list[Problem]:
+    from ..layout import layout_from_spec  # noqa: PLC0415
+    from ..plan import Plan  # noqa: PLC0415
+    from ..render.megatron import megatron_env  # noqa: PLC0415
+
     problems = []
+    expected_env = megatron_env(Plan(spec=run.spec, layout=layout_from_spec(run.spec), chosen=run.chosen))
     procs, nodes = run.spec.cluster.gpus_per_node, run.spec.cluster.num_nodes
     for name in ("launch_local.sh", "launch.sbatch", "launch_pdsh.sh"):
         file = run.path / name
@@ -78,9 +83,10 @@ def _script_checks(run: RunDir) -> list[Problem]:
         if found != {str(procs)}:
             problems.append(Problem(f"{run.path}/{name}", f"--nproc_per_node {sorted(found)} but the plan "
                                     f"has {procs} GPUs per node", "re-run `orch generate --force`"))
-        if run.spec.parallelism.tensor > 1 and "CUDA_DEVICE_MAX_CONNECTIONS=1" not in text:
-            problems.append(Problem(f"{run.path}/{name}", "tp > 1 but CUDA_DEVICE_MAX_CONNECTIONS=1 is not "
-                                    "exported (Megatron requires it)", "re-run `orch generate --force`"))
+        for key, value in expected_env.items():
+            if f"{key}={value}" not in text:
+                problems.append(Problem(f"{run.path}/{name}", f"{key}={value} is not exported (Megatron-LM "
+                                        "asserts it for this layout)", "re-run `orch generate --force`"))
     sbatch = run.path / "launch.sbatch"
     if sbatch.is_file() and f"#SBATCH --nodes={nodes}\n" not in sbatch.read_text():
         problems.append(Problem(f"{sbatch}", f"#SBATCH --nodes does not say {nodes}", "re-run `orch generate --force`"))
@@ -90,11 +96,9 @@ def _script_checks(run: RunDir) -> list[Problem]:
 def _file_checks(run: RunDir, *, deep: bool, notes: list[str] | None) -> list[Problem]:
     """Each generated file through its own validator, at the plan's world size."""
     from .deepspeed import validate_ds_config_file  # noqa: PLC0415
-    from .megatron import validate_megatron_args_file  # noqa: PLC0415
+    from .megatron import validate_megatron_run_dir  # noqa: PLC0415
 
     world, lay = run.spec.world_size, run.spec.parallelism
     problems = validate_ds_config_file(run.path / "ds_config.json", world_size=world,
                                        model_parallel_size=lay.tensor * lay.pipeline, deep=deep, notes=notes)
-    if (run.path / "megatron_args.txt").is_file():
-        problems += validate_megatron_args_file(run.path / "megatron_args.txt", world_size=world, deep=deep)
-    return problems
+    return problems + validate_megatron_run_dir(run.path, world_size=world, deep=deep)

@@ -1,0 +1,289 @@
+"""render_megatron_args(plan) -> Megatron-LM ``pretrain_gpt.py`` tokens; render_megatron_config(plan) -> kwargs.
+
+Target: Megatron-LM tag ``core_v0.16.1``, the release matching the installed megatron-core 0.16.1. Every
+flag below exists in that tag's ``megatron/training/arguments.py`` (``schemas/megatron_lm_args.json`` lists
+them; a test fails when a rendered flag is missing there), none is deprecated (``--use-mcore-models`` is:
+Megatron-Core models are the default). Megatron's spellings live only in this module.
+
+How the layout maps onto Megatron-LM:
+
+* tp / pp -> ``--tensor-model-parallel-size`` / ``--pipeline-model-parallel-size``; vpp > 1 ->
+  ``--num-virtual-stages-per-pipeline-rank`` (the 0.16.1 spelling); dp is what Megatron derives from
+  WORLD_SIZE / (tp * pp), so it is never passed.
+* ZeRO-0 -> Megatron's DDP. ZeRO-1 -> ``--use-distributed-optimizer`` (optimizer states sharded over dp).
+  ZeRO-2 / ZeRO-3 -> Megatron FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads``
+  / ``optim_grads_params``) with the flags its user guide requires: ``--use-distributed-optimizer
+  --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor``. Megatron FSDP asserts that
+  CUDA_DEVICE_MAX_CONNECTIONS is NOT 1, so :func:`megatron_env` leaves it out for these stages.
+* offload "optimizer" -> ``--optimizer-cpu-offload --use-precision-aware-optimizer`` (the hybrid
+  CPU/GPU optimizer; Adam only). Megatron-LM core_v0.16.1 has no flag that offloads parameters, so
+  "optimizer+params" renders the optimizer part only and :func:`render_megatron_notes` says so.
+* recompute selective -> ``--recompute-granularity selective``; full -> ``full`` with
+  ``--recompute-method uniform --recompute-num-layers 1`` (each layer's input kept, 2sbh per layer).
+* synthetic data -> ``--mock-data`` with ``NullTokenizer``. Megatron's null tokenizer appends an EOD id
+  (vocab = --vocab-size + 1), so ``--vocab-size`` is the spec's vocab_size - 1: the model's vocabulary is
+  then exactly vocab_size, padded to a multiple of 128 * tp as :func:`orchestrator.layout.padded_vocab_size`
+  predicts. A dataset path -> ``--data-path`` with the spec's tokenizer (HuggingFace) or, without one,
+  the same null tokenizer (pre-tokenized ids < vocab_size).
+* The spec has no dropout field: orch trains without dropout (``--attention-dropout 0 --hidden-dropout 0``).
+
+``megatron_config.json`` holds ``TransformerConfig`` (+ ``ModelParallelConfig``) keyword arguments. JSON
+cannot hold torch objects, so the few fields that need one (``OBJECT_FIELDS``: dtypes, the activation
+function, the attention backend enum) hold the dotted name of the object, e.g. ``"torch.bfloat16"``;
+:func:`orchestrator.validate.megatron_core.resolve_config` turns them back into objects. Fields that are
+not TransformerConfig's (vocabulary, sequence length, position embedding, tied embeddings) are GPTModel
+arguments: the trainer reads them from spec.resolved.yaml.
+"""
+from __future__ import annotations
+
+from ..plan import Plan
+
+MEGATRON_LM_TAG = "core_v0.16.1"
+SPLIT = "949,50,1"           # train/valid/test weights for --data-path (Megatron's classic example value)
+VOCAB_DIVISIBLE_BY = 128     # vocabulary padding multiple (times tp), as layout.padded_vocab_size assumes
+EVAL_ITERS = 10              # validation batches per evaluation (at every checkpoint)
+
+# TransformerConfig fields whose JSON value is the dotted name of a Python object.
+OBJECT_FIELDS = ("activation_func", "attention_backend", "params_dtype", "pipeline_dtype")
+_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+_ATTENTION_BACKEND = "megatron.core.transformer.enums.AttnBackend."
+_SHARDING = {2: "optim_grads", 3: "optim_grads_params"}   # Megatron FSDP strategy per ZeRO stage
+_DECAY = {"cosine": "cosine", "linear": "linear", "constant": "constant"}
+
+
+def uses_megatron_fsdp(plan: Plan) -> bool:
+    """ZeRO-2/3 run on Megatron FSDP (see the module docstring)."""
+    return plan.layout.zero_stage >= 2
+
+
+def _attention_backend(plan: Plan) -> str:
+    return "flash" if plan.spec.model.flash_attention else "unfused"
+
+
+def render_megatron_args(plan: Plan) -> list[str]:
+    """Megatron-LM pretrain_gpt.py arguments, one token per item, in a fixed order."""
+    sections = (_parallel_args, _model_args, _precision_args, _optimizer_args, _schedule_args,
+                _batch_args, _checkpoint_args, _data_args, _logging_args, _runtime_args)
+    tokens: list[str] = []
+    for section in sections:
+        tokens += section(plan)
+    return tokens
+
+
+def _parallel_args(plan: Plan) -> list[str]:
+    lay = plan.layout
+    args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp)]
+    if lay.vpp > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(lay.vpp)]
+    if lay.sequence_parallel:
+        args.append("--sequence-parallel")
+    return args + _data_parallel_args(plan) + _recompute_args(plan)
+
+
+def _data_parallel_args(plan: Plan) -> list[str]:
+    lay = plan.layout
+    args: list[str] = []
+    if lay.zero_stage >= 1:
+        args.append("--use-distributed-optimizer")
+    if uses_megatron_fsdp(plan):
+        args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", _SHARDING[lay.zero_stage],
+                 "--no-gradient-accumulation-fusion"]
+    if lay.dp > 1:
+        args.append("--overlap-grad-reduce")
+        if lay.zero_stage >= 1:
+            args.append("--overlap-param-gather")
+    if _offloads_optimizer(plan):
+        args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--optimizer-offload-fraction", "1.0"]
+    return args
+
+
+def _offloads_optimizer(plan: Plan) -> bool:
+    return plan.layout.offload != "none" and plan.spec.training.optimizer.type != "sgd"
+
+
+def _recompute_args(plan: Plan) -> list[str]:
+    if plan.layout.recompute == "selective":
+        return ["--recompute-granularity", "selective"]
+    if plan.layout.recompute == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    return []
+
+
+def _model_args(plan: Plan) -> list[str]:
+    m = plan.spec.model
+    args = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
+            "--num-attention-heads", str(m.num_attention_heads), "--ffn-hidden-size", str(m.ffn_hidden_size),
+            "--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.seq_length)]
+    if m.num_query_groups != m.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
+    if m.gated_mlp:
+        args.append("--swiglu")
+    args += ["--normalization", "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm"]
+    args += ["--position-embedding-type", "rope" if m.position_embedding == "rope" else "learned_absolute"]
+    if not m.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not m.add_bias_linear:
+        args.append("--disable-bias-linear")
+    args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--attention-backend", _attention_backend(plan)]
+    return args
+
+
+def _precision_args(plan: Plan) -> list[str]:
+    precision = plan.spec.training.precision
+    if precision == "bf16":
+        return ["--bf16"]
+    if precision == "fp16":
+        # Dynamic loss scaling from 2^16, the same start and window as ds_config.json.
+        return ["--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "1000", "--hysteresis", "2",
+                "--min-loss-scale", "1.0"]
+    return []
+
+
+def _optimizer_args(plan: Plan) -> list[str]:
+    t = plan.spec.training
+    o = t.optimizer
+    if o.type == "sgd":
+        args = ["--optimizer", "sgd", "--sgd-momentum", str(o.betas[0])]
+    else:  # Megatron's "adam" decouples weight decay: AdamW
+        args = ["--optimizer", "adam", "--adam-beta1", str(o.betas[0]), "--adam-beta2", str(o.betas[1]),
+                "--adam-eps", str(o.eps)]
+    return args + ["--weight-decay", str(o.weight_decay), "--clip-grad", str(t.gradient_clipping)]
+
+
+def _schedule_args(plan: Plan) -> list[str]:
+    t = plan.spec.training
+    s = t.lr_schedule
+    return ["--lr", str(t.optimizer.lr), "--min-lr", str(min(s.min_lr, t.optimizer.lr)),
+            "--lr-decay-style", _DECAY[s.decay], "--lr-warmup-iters", str(_warmup_iters(plan)),
+            "--lr-warmup-init", "0.0", "--lr-decay-iters", str(t.train_iters), "--train-iters", str(t.train_iters)]
+
+
+def _warmup_iters(plan: Plan) -> int:
+    """Megatron's scheduler asserts warm-up < decay steps (decay runs to train_iters)."""
+    t = plan.spec.training
+    return min(t.lr_schedule.warmup_iters, t.train_iters - 1)
+
+
+def _batch_args(plan: Plan) -> list[str]:
+    return ["--micro-batch-size", str(plan.layout.micro_batch_size),
+            "--global-batch-size", str(plan.spec.training.global_batch_size)]
+
+
+def _checkpoint_args(plan: Plan) -> list[str]:
+    c = plan.spec.training.checkpoint
+    fmt = "fsdp_dtensor" if uses_megatron_fsdp(plan) else "torch_dist"
+    return ["--save", c.dir, "--load", c.dir, "--save-interval", str(c.interval), "--ckpt-format", fmt]
+
+
+def _data_args(plan: Plan) -> list[str]:
+    d, m = plan.spec.data, plan.spec.model
+    null_tokenizer = ["--tokenizer-type", "NullTokenizer", "--vocab-size", str(m.vocab_size - 1)]
+    # The multiple orch.layout.padded_vocab_size pads to (Megatron's default, written out).
+    args = ["--make-vocab-size-divisible-by", str(VOCAB_DIVISIBLE_BY)]
+    if d.synthetic or not d.path:
+        return args + ["--mock-data"] + null_tokenizer
+    args += ["--data-path", d.path, "--split", SPLIT]
+    if d.tokenizer:
+        return args + ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", d.tokenizer]
+    return args + null_tokenizer
+
+
+def _logging_args(plan: Plan) -> list[str]:
+    t = plan.spec.training
+    args = ["--log-interval", "1", "--log-throughput", "--eval-interval", str(t.checkpoint.interval),
+            "--eval-iters", str(EVAL_ITERS)]
+    w = plan.spec.tracking.wandb
+    if w.mode != "disabled":
+        args += ["--wandb-project", w.project, "--wandb-exp-name", plan.spec.name, "--wandb-save-dir", "wandb"]
+        if w.entity:
+            args += ["--wandb-entity", w.entity]
+    return args
+
+
+def _runtime_args(plan: Plan) -> list[str]:
+    args = ["--seed", str(plan.spec.training.seed)]
+    if plan.spec.cluster.gpu != "cpu":
+        return args + ["--transformer-impl", "transformer_engine", "--distributed-backend", "nccl"]
+    # Megatron-LM's training loop needs CUDA; on cpu the arguments stay meaningful for validation.
+    args += ["--transformer-impl", "local", "--distributed-backend", "gloo", "--use-cpu-initialization"]
+    if not uses_megatron_fsdp(plan):  # FSDP already turned the CUDA-only fusion off
+        args.append("--no-gradient-accumulation-fusion")
+    return args
+
+
+def megatron_env(plan: Plan) -> dict[str, str]:
+    """Environment Megatron-LM needs for this plan (values unquoted).
+
+    Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp > 1 (before Blackwell), and asserts that it
+    is NOT 1 with Megatron FSDP (ZeRO-2/3 here), which then only warns about tp > 1.
+    """
+    if plan.layout.tp > 1 and not uses_megatron_fsdp(plan):
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def render_megatron_notes(plan: Plan) -> list[str]:
+    """What megatron_args.txt cannot express for this plan, or expresses differently from the spec."""
+    notes = []
+    lay, o = plan.layout, plan.spec.training.optimizer
+    if lay.offload == "optimizer+params":
+        notes.append("parallelism.offload: Megatron-LM core_v0.16.1 has no parameter CPU offload; "
+                     "megatron_args.txt offloads the optimizer only (parameters stay sharded on the GPUs)")
+    if lay.offload != "none" and o.type == "sgd":
+        notes.append("parallelism.offload: Megatron-LM's CPU optimizer offload needs Adam "
+                     "(--use-precision-aware-optimizer); megatron_args.txt does not offload")
+    if o.type == "adam" and o.weight_decay > 0:
+        notes.append("training.optimizer.type: Megatron-LM's --optimizer adam always decouples weight decay "
+                     "(AdamW)")
+    if plan.spec.data.path and not plan.spec.data.synthetic and plan.spec.data.path.endswith(
+            (".txt", ".json", ".jsonl")):
+        notes.append("data.path: Megatron-LM reads indexed datasets (the prefix of a .bin/.idx pair); "
+                     "convert text with Megatron-LM's tools/preprocess_data.py")
+    if _warmup_iters(plan) < plan.spec.training.lr_schedule.warmup_iters:
+        notes.append(f"training.lr_schedule.warmup_iters: Megatron needs warm-up < train_iters; "
+                     f"--lr-warmup-iters is {_warmup_iters(plan)}")
+    if plan.spec.cluster.gpu == "cpu":
+        notes.append("cluster.gpu: Megatron-LM's pretrain_gpt.py needs CUDA; on cpu these arguments serve "
+                     "validation only")
+    if uses_megatron_fsdp(plan) and lay.tp > 1:
+        notes.append("parallelism.zero_stage: Megatron FSDP with tp > 1 must run without "
+                     "CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron asserts it); tensor-parallel overlap is reduced")
+    return notes
+
+
+def render_megatron_config(plan: Plan) -> dict:
+    """TransformerConfig (+ ModelParallelConfig) kwargs; OBJECT_FIELDS hold dotted object names."""
+    m, lay, t = plan.spec.model, plan.layout, plan.spec.training
+    config = {
+        "tensor_model_parallel_size": lay.tp,
+        "pipeline_model_parallel_size": lay.pp,
+        "virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp > 1 else None,
+        "sequence_parallel": bool(lay.sequence_parallel),
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "num_attention_heads": m.num_attention_heads,
+        "num_query_groups": m.num_query_groups,
+        "ffn_hidden_size": m.ffn_hidden_size,
+        "gated_linear_unit": m.gated_mlp,
+        "activation_func": "torch.nn.functional.silu" if m.gated_mlp else "torch.nn.functional.gelu",
+        "normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
+        "add_bias_linear": m.add_bias_linear,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "attention_backend": _ATTENTION_BACKEND + _attention_backend(plan),
+        "bf16": t.precision == "bf16",
+        "fp16": t.precision == "fp16",
+        "params_dtype": _DTYPES[t.precision],
+        "pipeline_dtype": _DTYPES[t.precision],
+        "use_cpu_initialization": plan.spec.cluster.gpu == "cpu",
+        "deallocate_pipeline_outputs": True,
+    }
+    return config | _recompute_config(plan)
+
+
+def _recompute_config(plan: Plan) -> dict:
+    if plan.layout.recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    if plan.layout.recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    return {}

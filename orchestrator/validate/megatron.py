@@ -1,0 +1,485 @@
+"""Checks for Megatron-LM argument files (megatron_args.txt) and megatron_config.json.
+
+Layer 1 (pure, no torch): the tokens are parsed against Megatron-LM core_v0.16.1's own flag table
+(:mod:`.megatron_args`: unknown flags with "did you mean", arity, types, choices, duplicates, deprecated
+flags). Then the rules Megatron lets through silently or only fails on at run time: hidden % heads, layers % pp, impossible virtual pipelines, sizes
+<= 0, query groups vs tp, --num-query-groups without --group-query-attention, seq % tp with sequence
+parallelism, batch arithmetic for a world size, missing --eval-interval / tokenizer inputs, warm-up >=
+decay, optimizer flag combinations Megatron-Core asserts on only when the optimizer is built.
+
+Layer 2 (``deep``): when layer 1 passes and megatron-core is installed, a real ``TransformerConfig`` is
+built from the arguments in a subprocess (:mod:`.megatron_core`); with ORCH_MEGATRON_LM set, Megatron-LM's
+own parse_args + validate_args run too (:mod:`.megatron_lm`).
+
+The file format is described in :mod:`.megatron_args`.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import Problem
+from ..render.megatron import OBJECT_FIELDS
+from .megatron_args import MegatronArgs, Token, dest_to_flag, parse_tokens, tokens_from_text
+
+# Tokenizer type -> flags its constructor reads (pretrain_gpt.py defaults the type to GPT2BPETokenizer).
+TOKENIZER_INPUTS = {"NullTokenizer": ("vocab_size",), "GPT2BPETokenizer": ("vocab_file", "merge_file"),
+                    "HuggingFaceTokenizer": ("tokenizer_model",), "SentencePieceTokenizer": ("tokenizer_model",),
+                    "GPTSentencePieceTokenizer": ("tokenizer_model",), "Llama2Tokenizer": ("tokenizer_model",),
+                    "TikTokenizer": ("tokenizer_model",)}
+
+
+# --- the rules Megatron lets through -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sizes:
+    """The parallel and model sizes as Megatron derives them from the arguments."""
+
+    tp: Any
+    pp: Any
+    cp: Any
+    vpp: Any
+    layers: Any
+    hidden: Any
+    heads: Any
+    groups: Any
+
+
+def sizes_of(a: MegatronArgs) -> Sizes:
+    tp, pp = a.get("tensor_model_parallel_size"), a.get("pipeline_model_parallel_size")
+    layers = a.get("num_layers")
+    vpp = a.get("num_virtual_stages_per_pipeline_rank")
+    per_stage = a.get("num_layers_per_virtual_pipeline_stage")
+    if vpp is None and per_stage and _ints_positive(layers, pp) and layers % pp == 0:
+        vpp = (layers // pp) // per_stage if (layers // pp) % per_stage == 0 else None
+    groups = a.get("num_query_groups") if a.get("group_query_attention") else a.get("num_attention_heads")
+    return Sizes(tp=tp, pp=pp, cp=a.get("context_parallel_size") or 1, vpp=vpp or 1, layers=layers,
+                 hidden=a.get("hidden_size"), heads=a.get("num_attention_heads"), groups=groups)
+
+
+def _ints_positive(*values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
+REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
+            "micro_batch_size", "lr")
+POSITIVE = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+            "num_virtual_stages_per_pipeline_rank", "num_layers_per_virtual_pipeline_stage", "num_layers",
+            "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
+            "max_position_embeddings", "micro_batch_size", "global_batch_size", "train_iters", "save_interval",
+            "eval_interval", "log_interval", "recompute_num_layers")
+
+
+def rule_required(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    problems = [Problem(a.at(d), f"{dest_to_flag(d)} is required for pretrain_gpt.py", f"add {dest_to_flag(d)} N")
+                for d in REQUIRED if a.get(d) is None]
+    if a.get("train_iters") is None and a.get("train_samples") is None:
+        problems.append(Problem(a.at("train_iters"), "neither --train-iters nor --train-samples is set",
+                                "add --train-iters N"))
+    return problems
+
+
+def rule_positive(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    return [Problem(a.at(d), f"{dest_to_flag(d)} must be >= 1, got {a.values[d]}", "use a positive integer")
+            for d in POSITIVE if a.given(d) and isinstance(a.values[d], int) and a.values[d] <= 0]
+
+
+def shape_problems(s: Sizes, where: Callable[[str], str]) -> list[Problem]:
+    """Model/parallel shape rules shared by args files and megatron_config.json (``where`` names a field)."""
+    if not _ints_positive(s.tp, s.pp, s.layers, s.hidden, s.heads):
+        return []
+    problems = []
+    if s.heads % s.tp:
+        problems.append(Problem(where("tp"), f"num_attention_heads({s.heads}) % tp({s.tp}) = {s.heads % s.tp}, "
+                                "must be 0", "use a tensor-parallel size that divides the head count"))
+    if _ints_positive(s.groups):
+        problems += _group_problems(s, where)
+    if s.layers % s.pp:
+        problems.append(Problem(where("pp"), f"num_layers({s.layers}) % pp({s.pp}) = {s.layers % s.pp}, must be 0",
+                                "use a pipeline size that divides the layer count"))
+    elif _ints_positive(s.vpp) and s.vpp > 1:
+        problems += _vpp_problems(s, where)
+    return problems
+
+
+def _group_problems(s: Sizes, where: Callable[[str], str]) -> list[Problem]:
+    problems = []
+    if s.heads % s.groups:
+        problems.append(Problem(where("groups"), f"num_attention_heads({s.heads}) % num_query_groups({s.groups}) "
+                                f"= {s.heads % s.groups}, must be 0", "use a divisor of the head count"))
+    if s.groups % s.tp and s.tp % s.groups:
+        problems.append(Problem(where("groups"), f"num_query_groups({s.groups}) and tp({s.tp}): neither divides "
+                                "the other", "use a tensor-parallel size that divides the KV-head count"))
+    return problems
+
+
+def _vpp_problems(s: Sizes, where: Callable[[str], str]) -> list[Problem]:
+    per_rank = s.layers // s.pp
+    if s.pp == 1:
+        return [Problem(where("vpp"), f"virtual pipeline size {s.vpp} with pp(1): there is no pipeline to interleave",
+                        "remove the virtual pipeline flag, or use pipeline size >= 2")]
+    if per_rank % s.vpp:
+        return [Problem(where("vpp"), f"num_layers({s.layers}) / pp({s.pp}) = {per_rank} layers per stage, "
+                        f"not divisible into vpp({s.vpp}) virtual stages (Megatron-Core does not check this)",
+                        f"use a virtual pipeline size that divides {per_rank}")]
+    return []
+
+
+def rule_shape(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    names = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
+             "groups": "num_query_groups", "vpp": _vpp_dest(a)}
+    problems = shape_problems(sizes_of(a), lambda key: a.at(names[key]))
+    hidden, heads = a.get("hidden_size"), a.get("num_attention_heads")
+    if _ints_positive(hidden, heads) and hidden % heads and a.get("kv_channels") is None:
+        problems.append(Problem(a.at("hidden_size"), f"hidden_size({hidden}) % num_attention_heads({heads}) = "
+                                f"{hidden % heads}, must be 0 (Megatron-Core's TransformerConfig accepts it)",
+                                "pick a hidden size that is a multiple of the head count, or set --kv-channels"))
+    return problems
+
+
+def _vpp_dest(a: MegatronArgs) -> str:
+    return ("num_layers_per_virtual_pipeline_stage" if a.given("num_layers_per_virtual_pipeline_stage")
+            else "num_virtual_stages_per_pipeline_rank")
+
+
+def rule_query_groups(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    if a.given("num_query_groups") and not a.get("group_query_attention"):
+        return [Problem(a.at("num_query_groups"), "--num-query-groups is ignored without --group-query-attention "
+                        "(Megatron-LM then uses one KV head per attention head)", "add --group-query-attention")]
+    return []
+
+
+def rule_sequence(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    problems, tp, seq = [], a.get("tensor_model_parallel_size"), a.get("seq_length")
+    if a.get("sequence_parallel") and tp == 1:
+        problems.append(Problem(a.at("sequence_parallel"), "--sequence-parallel with tp(1): Megatron-LM silently "
+                                "turns it off", "remove --sequence-parallel or use tensor parallelism"))
+    elif a.get("sequence_parallel") and _ints_positive(tp, seq) and seq % tp:
+        problems.append(Problem(a.at("seq_length"), f"seq_length({seq}) % tp({tp}) = {seq % tp}, must be 0 with "
+                                "--sequence-parallel", "use a sequence length divisible by tp"))
+    positions = a.get("max_position_embeddings")
+    if _ints_positive(seq, positions) and seq > positions:
+        problems.append(Problem(a.at("max_position_embeddings"), f"max_position_embeddings({positions}) < "
+                                f"seq_length({seq})", "set --max-position-embeddings >= --seq-length"))
+    return problems
+
+
+def rule_batch(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    s, mb, gb = sizes_of(a), a.get("micro_batch_size"), a.get("global_batch_size")
+    if world_size is None or not _ints_positive(s.tp, s.pp, s.cp, mb):
+        return []
+    model = s.tp * s.pp * s.cp
+    if world_size % model:
+        return [Problem(a.at("pipeline_model_parallel_size"), f"world_size({world_size}) % (tp({s.tp}) * pp({s.pp})"
+                        f" * cp({s.cp}) = {model}) = {world_size % model}, must be 0",
+                        "make tp * pp * cp a divisor of the GPU count")]
+    dp = world_size // model
+    if not _ints_positive(gb):
+        return []
+    if gb % (mb * dp):
+        return [Problem(a.at("global_batch_size"), f"global_batch_size({gb}) % (micro_batch_size({mb}) * dp({dp}) = "
+                        f"{mb * dp}) = {gb % (mb * dp)}, must be 0 (dp = world_size({world_size}) / {model})",
+                        f"use a multiple of {mb * dp}")]
+    return _interleave_problems(a, s, gb // (mb * dp))
+
+
+def _interleave_problems(a: MegatronArgs, s: Sizes, microbatches: int) -> list[Problem]:
+    if not (_ints_positive(s.vpp) and s.vpp > 1):
+        return []
+    group = a.get("microbatch_group_size_per_vp_stage") or s.pp
+    rest = microbatches % group
+    if group > microbatches or group < s.pp or 0 < rest < s.pp:
+        return [Problem(a.at(_vpp_dest(a)), f"the interleaved schedule needs num_microbatches({microbatches}) >= "
+                        f"group({group}) >= pp({s.pp}) and num_microbatches % group = {rest} to be 0 or >= pp "
+                        "(Megatron-Core fails at the first step otherwise)",
+                        f"make the number of micro-batches a multiple of {s.pp}")]
+    return []
+
+
+def rule_schedule(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    problems = []
+    lr, min_lr = a.get("lr"), a.get("min_lr")
+    if isinstance(lr, float) and isinstance(min_lr, float) and min_lr > lr:
+        problems.append(Problem(a.at("min_lr"), f"min_lr({min_lr}) > lr({lr})", "use --min-lr <= --lr"))
+    iters = a.get("train_iters")
+    decay = a.get("lr_decay_iters") or iters
+    warmup = a.get("lr_warmup_iters")
+    if _ints_positive(decay) and isinstance(warmup, int) and warmup >= decay:
+        problems.append(Problem(a.at("lr_warmup_iters"), f"lr_warmup_iters({warmup}) >= lr_decay_iters({decay}): "
+                                "Megatron-Core's scheduler asserts warm-up < decay when training starts",
+                                "shorten the warm-up or lengthen --lr-decay-iters / --train-iters"))
+    if iters and not a.get("skip_train") and not a.get("full_validation") and a.get("eval_interval") is None:
+        problems.append(Problem(a.at("eval_interval"), "--eval-interval is not set: pretrain_gpt.py divides "
+                                "train_iters by it and crashes (TypeError) before the first step",
+                                "add --eval-interval N (e.g. the checkpoint interval)"))
+    if a.get("save") is not None and a.get("save_interval") is None:
+        problems.append(Problem(a.at("save_interval"), "--save without --save-interval", "add --save-interval N"))
+    return problems
+
+
+def rule_data(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    sources = [d for d in ("mock_data", "data_path", "train_data_path", "data_args_path") if a.get(d)]
+    if len(sources) != 1:
+        named = ", ".join(dest_to_flag(d) for d in sources) or "none"
+        return [Problem(a.at("data_path"), f"pretrain_gpt.py needs exactly one data source, got {named}",
+                        "give --mock-data or --data-path PREFIX")]
+    kind = a.get("tokenizer_type") or "GPT2BPETokenizer"
+    missing = [d for d in TOKENIZER_INPUTS.get(kind, ()) if a.get(d) is None]
+    if missing:
+        flags = " and ".join(dest_to_flag(d) for d in missing)
+        implicit = "" if a.given("tokenizer_type") else " (pretrain_gpt.py's default tokenizer)"
+        return [Problem(a.at("tokenizer_type"), f"tokenizer {kind}{implicit} needs {flags}",
+                        f"add {flags}, or --tokenizer-type NullTokenizer --vocab-size N for pre-tokenized data")]
+    return []
+
+
+def rule_precision_and_recompute(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    problems = []
+    if a.get("fp16") and a.get("bf16"):
+        problems.append(Problem(a.at("bf16"), "--fp16 and --bf16 are exclusive", "keep one of them"))
+    granularity, method = a.get("recompute_granularity"), a.get("recompute_method")
+    if granularity == "full" and (method is None or a.get("recompute_num_layers") is None):
+        problems.append(Problem(a.at("recompute_granularity"), "--recompute-granularity full needs "
+                                "--recompute-method and --recompute-num-layers (TransformerConfig raises)",
+                                "add --recompute-method uniform --recompute-num-layers 1"))
+    if granularity == "selective" and method is not None:
+        problems.append(Problem(a.at("recompute_method"), "--recompute-method applies to full recompute only",
+                                "remove --recompute-method, or use --recompute-granularity full"))
+    return problems
+
+
+def rule_optimizer(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    problems, sharded = [], a.get("use_distributed_optimizer") or a.get("use_megatron_fsdp")
+    if a.get("overlap_param_gather") and not (sharded and a.get("overlap_grad_reduce")):
+        problems.append(Problem(a.at("overlap_param_gather"), "--overlap-param-gather needs "
+                                "--use-distributed-optimizer (or --use-megatron-fsdp) and --overlap-grad-reduce",
+                                "add them, or remove --overlap-param-gather"))
+    if a.get("use_precision_aware_optimizer") and not a.get("use_distributed_optimizer"):
+        problems.append(Problem(a.at("use_precision_aware_optimizer"), "--use-precision-aware-optimizer needs "
+                                "--use-distributed-optimizer (Megatron-Core asserts when building the optimizer)",
+                                "add --use-distributed-optimizer"))
+    if a.get("optimizer_cpu_offload") and (not a.get("use_precision_aware_optimizer") or a.get("optimizer") != "adam"):
+        problems.append(Problem(a.at("optimizer_cpu_offload"), "--optimizer-cpu-offload needs "
+                                "--use-precision-aware-optimizer and --optimizer adam",
+                                "add --use-precision-aware-optimizer, with --optimizer adam"))
+    if a.get("use_megatron_fsdp") and a.get("ckpt_format") != "fsdp_dtensor":
+        problems.append(Problem(a.at("ckpt_format"), "Megatron FSDP saves only --ckpt-format fsdp_dtensor",
+                                "add --ckpt-format fsdp_dtensor"))
+    return problems
+
+
+RULES = [rule_required, rule_positive, rule_shape, rule_query_groups, rule_sequence, rule_batch, rule_schedule,
+         rule_data, rule_precision_and_recompute, rule_optimizer]
+
+
+# --- entry points ---------------------------------------------------------------------------------
+
+def check_megatron_tokens(tokens: list[Token], world_size: int | None = None,
+                          path: str = "megatron_args") -> tuple[MegatronArgs, list[Problem]]:
+    """Layer 1 on located tokens: the parsed arguments and every problem."""
+    args, problems = parse_tokens(tokens, path)
+    for rule in RULES:
+        problems += rule(args, world_size)
+    return args, problems
+
+
+def check_megatron_args(tokens: list[str], world_size: int | None = None, path: str = "megatron_args", *,
+                        deep: bool = True) -> list[Problem]:
+    """Every problem in a token list (token i sits on line i + 1, as in megatron_args.txt)."""
+    located = [Token(t, i + 1) for i, t in enumerate(tokens)]
+    return _check_located(located, world_size, path, deep)
+
+
+def _check_located(tokens: list[Token], world_size: int | None, path: str, deep: bool,
+                   env: dict[str, str] | None = None) -> list[Problem]:
+    args, problems = check_megatron_tokens(tokens, world_size, path)
+    if problems or not deep:
+        return problems
+    from .megatron_core import check_transformer_config, megatron_core_available  # noqa: PLC0415
+
+    if megatron_core_available():
+        problems += check_transformer_config(config_from_args(args), path=path)
+    if not problems:
+        launch_env = expected_launch_env(args) if env is None else env
+        problems += _megatron_lm_problems([t.text for t in tokens], args, world_size, path, launch_env)
+    return problems
+
+
+def _megatron_lm_problems(tokens: list[str], args: MegatronArgs, world_size: int | None, path: str,
+                          env: dict[str, str]) -> list[Problem]:
+    """Megatron-LM's own checks when ORCH_MEGATRON_LM is set (dp = 1 when no world size is given)."""
+    from .megatron_lm import check_with_megatron_lm, megatron_lm_root  # noqa: PLC0415
+
+    root = megatron_lm_root()
+    if root is None:
+        return []
+    s = sizes_of(args)
+    world = world_size or s.tp * s.pp * s.cp
+    return check_with_megatron_lm(tokens, world_size=world, env=env, megatron_lm_root=root, path=path)
+
+
+def expected_launch_env(args: MegatronArgs) -> dict[str, str]:
+    """What orch's launch scripts export for these arguments (see render.megatron.megatron_env)."""
+    fsdp = args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2")
+    if (args.get("tensor_model_parallel_size") or 1) > 1 and not fsdp:
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return {}
+
+
+def read_args_file(path: str | Path) -> tuple[list[Token], list[Problem]]:
+    path = Path(path)
+    try:
+        return tokens_from_text(path.read_text()), []
+    except (OSError, UnicodeDecodeError) as e:
+        return [], [Problem(str(path), f"cannot read: {e.__class__.__name__}", "check the path")]
+
+
+def validate_megatron_args_file(path: str | Path, *, world_size: int | None = None,
+                                deep: bool = True) -> list[Problem]:
+    """Every problem in a Megatron-LM arguments file (orch's megatron_args.txt or a user-written one)."""
+    tokens, problems = read_args_file(path)
+    if problems:
+        return problems
+    if not tokens:
+        return [Problem(str(path), "no arguments in the file", "one token per line, as orch generate writes")]
+    return _check_located(tokens, world_size, str(path), deep)
+
+
+def config_from_args(args: MegatronArgs) -> dict:
+    """TransformerConfig kwargs for the arguments, translated as Megatron-LM does (JSON, dotted objects)."""
+    from .megatron_core import transformer_config_fields  # noqa: PLC0415
+
+    fields = transformer_config_fields() or frozenset()
+    config = {d: v for d, v in args.values.items() if d in fields}
+    s = sizes_of(args)
+    config["num_query_groups"] = s.groups if args.get("group_query_attention") else None
+    if args.get("swiglu"):
+        config.update(gated_linear_unit=True, activation_func="torch.nn.functional.silu")
+    dtype = "torch.bfloat16" if args.get("bf16") else "torch.float16" if args.get("fp16") else "torch.float32"
+    config.update(params_dtype=dtype, pipeline_dtype=dtype)
+    if s.vpp > 1:
+        config["virtual_pipeline_model_parallel_size"] = s.vpp
+    if args.get("recompute_activations"):
+        config["recompute_granularity"] = "selective"
+    if "attention_backend" in config:
+        config["attention_backend"] = "megatron.core.transformer.enums.AttnBackend." + config["attention_backend"]
+    return config
+
+
+def check_megatron_config(config: Any, *, path: str = "megatron_config.json", deep: bool = True) -> list[Problem]:
+    """Every problem in megatron_config.json content (TransformerConfig kwargs)."""
+    if not isinstance(config, dict):
+        return [Problem(path, "must be a JSON object of TransformerConfig keyword arguments",
+                        "regenerate it with orch generate")]
+    problems = _config_keys(config, path) + _config_values(config, path)
+    if problems or not deep:
+        return problems
+    from .megatron_core import check_transformer_config, megatron_core_available  # noqa: PLC0415
+
+    return check_transformer_config(config, path=path) if megatron_core_available() else []
+
+
+def _config_keys(config: dict, path: str) -> list[Problem]:
+    from .megatron_core import transformer_config_fields  # noqa: PLC0415
+
+    fields = transformer_config_fields()
+    if fields is None:
+        return []
+    return [Problem(f"{path}:{key}", f"{key!r} is not a TransformerConfig field (megatron-core would raise "
+                    "TypeError)", _close(key, sorted(fields))) for key in config if key not in fields]
+
+
+def _close(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else "remove it"
+
+
+_CONFIG_SIZES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
+                 "vpp": "virtual_pipeline_model_parallel_size", "groups": "num_query_groups"}
+_CONFIG_POSITIVE = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers", "hidden_size",
+                    "num_attention_heads", "num_query_groups", "ffn_hidden_size", "kv_channels",
+                    "virtual_pipeline_model_parallel_size", "context_parallel_size")
+
+
+def _config_values(config: dict, path: str) -> list[Problem]:
+    problems = []
+    for key in _CONFIG_POSITIVE:
+        value = config.get(key)
+        if value is not None and not _ints_positive(value):
+            problems.append(Problem(f"{path}:{key}", f"{key} must be an integer >= 1, got {value!r}",
+                                    "use a positive integer"))
+    for key in OBJECT_FIELDS:
+        if key in config and not (isinstance(config[key], str) and "." in config[key]):
+            problems.append(Problem(f"{path}:{key}", f"{key} must be the dotted name of a Python object, got "
+                                    f"{config[key]!r}", 'e.g. "torch.bfloat16" (resolved when the config is built)'))
+    if problems:
+        return problems
+    heads = config.get("num_attention_heads")
+    s = Sizes(tp=config.get("tensor_model_parallel_size", 1), pp=config.get("pipeline_model_parallel_size", 1),
+              cp=config.get("context_parallel_size", 1), vpp=config.get("virtual_pipeline_model_parallel_size") or 1,
+              layers=config.get("num_layers"), hidden=config.get("hidden_size"), heads=heads,
+              groups=config.get("num_query_groups") or heads)
+    problems = shape_problems(s, lambda key: f"{path}:{_CONFIG_SIZES[key]}")
+    hidden = config.get("hidden_size")
+    if _ints_positive(hidden, heads) and hidden % heads and config.get("kv_channels") is None:
+        problems.append(Problem(f"{path}:hidden_size", f"hidden_size({hidden}) % num_attention_heads({heads}) = "
+                                f"{hidden % heads}, must be 0 (TransformerConfig accepts it)",
+                                "use a multiple of the head count, or set kv_channels"))
+    if config.get("sequence_parallel") and s.tp == 1:
+        problems.append(Problem(f"{path}:sequence_parallel", "sequence_parallel needs tensor_model_parallel_size > 1",
+                                "set sequence_parallel false"))
+    return problems
+
+
+def validate_megatron_config_file(path: str | Path, *, deep: bool = True) -> list[Problem]:
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        return [Problem(str(path), f"cannot read: {e.__class__.__name__}", "check the path")]
+    except json.JSONDecodeError as e:
+        return [Problem(f"{path}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}", "fix the JSON syntax")]
+    return check_megatron_config(config, path=str(path), deep=deep)
+
+
+# --- a run dir's Megatron files -------------------------------------------------------------------
+
+# megatron_config.json key -> the parsed-args dest that must hold the same value.
+AGREEING = {"tensor_model_parallel_size": "tensor_model_parallel_size",
+            "pipeline_model_parallel_size": "pipeline_model_parallel_size", "num_layers": "num_layers",
+            "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
+            "ffn_hidden_size": "ffn_hidden_size", "normalization": "normalization",
+            "add_bias_linear": "add_bias_linear", "sequence_parallel": "sequence_parallel",
+            "bf16": "bf16", "fp16": "fp16"}
+
+
+def validate_megatron_run_dir(run_dir: str | Path, *, world_size: int, deep: bool = True) -> list[Problem]:
+    """megatron_args.txt and megatron_config.json of a run dir: each checked, and checked against each other.
+
+    Megatron-LM's own check (ORCH_MEGATRON_LM) runs with the environment launch_local.sh exports.
+    """
+    from .megatron_lm import launch_script_env  # noqa: PLC0415
+
+    root = Path(run_dir)
+    args_path, config_path, script = root / "megatron_args.txt", root / "megatron_config.json", root / "launch_local.sh"
+    env = launch_script_env(script.read_text()) if script.is_file() else None
+    tokens, problems = read_args_file(args_path)
+    if not problems:
+        problems += _check_located(tokens, world_size, str(args_path), deep, env)
+    problems += validate_megatron_config_file(config_path, deep=deep)
+    if not problems:
+        problems += _disagreements(parse_tokens(tokens, str(args_path))[0], json.loads(config_path.read_text()),
+                                   str(config_path))
+    return problems
+
+
+def _disagreements(args: MegatronArgs, config: dict, path: str) -> list[Problem]:
+    expected = {**{key: args.get(dest) for key, dest in AGREEING.items()},
+                "num_query_groups": sizes_of(args).groups, "gated_linear_unit": bool(args.get("swiglu")),
+                "virtual_pipeline_model_parallel_size": sizes_of(args).vpp if sizes_of(args).vpp > 1 else None}
+    return [Problem(f"{path}:{key}", f"{key} is {config.get(key)!r} but megatron_args.txt gives {value!r}",
+                    "regenerate the run dir with orch generate (the two files come from one plan)")
+            for key, value in expected.items() if key in config and config[key] != value]

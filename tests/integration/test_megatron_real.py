@@ -1,0 +1,239 @@
+"""Megatron for real: Megatron-LM core_v0.16.1's parse_args + validate_args accept every rendered argument
+list (with the environment the generated launch script exports), Megatron-Core's TransformerConfig builds
+every rendered megatron_config.json, the static checker catches what TransformerConfig lets through, and the
+parts of Megatron-Core that run on CPU (parallel_state on gloo, tensor-parallel linears) run.
+
+Megatron-LM is not a pip package: the validate_args tests skip unless ORCH_MEGATRON_LM names its megatron/
+tree (tests/tools/prepare_megatron_lm.sh DEST; see orchestrator/validate/megatron_lm.py).
+"""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from functools import lru_cache
+
+import pytest
+
+from orchestrator.render.megatron import megatron_env, render_megatron_args, render_megatron_config
+from orchestrator.rundir import write_run_dir
+from orchestrator.validate.megatron import check_megatron_config, validate_megatron_args_file
+from orchestrator.validate.megatron_core import check_transformer_configs, megatron_core_available
+from orchestrator.validate.megatron_lm import (HOW_TO_ENABLE, LmRun, launch_script_env, megatron_lm_reports,
+                                               megatron_lm_root)
+from tests.conftest import EXAMPLES, ROOT, fixed_plan, spec_data
+
+pytestmark = pytest.mark.integration
+needs_core = pytest.mark.skipif(not megatron_core_available(), reason="megatron-core (the [train] extra) is not installed")
+
+H100x8 = {"cluster.gpu": "h100-sxm", "cluster.gpus_per_node": 8, "training.precision": "bf16"}
+FIXED = {
+    "tiny-tp2-sp-zero1-selective-cpu": {"parallelism.tensor": 2, "parallelism.sequence_parallel": True,
+                                        "parallelism.zero_stage": 1, "parallelism.recompute": "selective",
+                                        "training.global_batch_size": 4},
+    "llama3-8b-tp4-pp2-gqa-full": {**H100x8, "model.preset": "llama3-8b", "parallelism.tensor": 4,
+                                   "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
+                                   "parallelism.micro_batch_size": 1, "parallelism.sequence_parallel": True,
+                                   "parallelism.recompute": "full", "training.global_batch_size": 16},
+    "gpt3-1.7b-tp2-pp4-vpp3": {**H100x8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2,
+                               "parallelism.tensor": 2, "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 3,
+                               "parallelism.zero_stage": 1, "parallelism.micro_batch_size": 1,
+                               "training.global_batch_size": 32},
+    "gpt3-1.7b-zero3-offload": {**H100x8, "model.preset": "gpt3-1.7b", "parallelism.zero_stage": 3,
+                                "parallelism.offload": "optimizer+params", "training.global_batch_size": 64},
+    "gpt3-1.7b-fp16-tp2-pp2-zero0": {**H100x8, "model.preset": "gpt3-1.7b", "training.precision": "fp16",
+                                     "parallelism.tensor": 2, "parallelism.pipeline": 2, "parallelism.zero_stage": 0,
+                                     "training.global_batch_size": 16},
+    "llama3-8b-dataset-hf-tokenizer": {**H100x8, "model.preset": "llama3-8b", "parallelism.tensor": 8,
+                                       "parallelism.zero_stage": 1, "parallelism.micro_batch_size": 1,
+                                       "training.global_batch_size": 8,
+                                       "data": {"synthetic": False, "path": "/data/llama3_text_document",
+                                                "tokenizer": "meta-llama/Meta-Llama-3-8B"}},
+}
+# Megatron FSDP (ZeRO-2/3) with tp > 1: Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS is NOT 1.
+FSDP_TP = {**H100x8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 2, "parallelism.zero_stage": 2,
+           "training.global_batch_size": 32}
+CASES = [f"example:{p.stem}" for p in sorted(EXAMPLES.glob("*.yaml"))] + sorted(FIXED)
+
+
+@lru_cache(maxsize=None)
+def plan_of(case: str):
+    if case.startswith("example:"):
+        from orchestrator.plan import build_plan
+        from orchestrator.spec import load_spec
+
+        return build_plan(load_spec(EXAMPLES / f"{case.split(':', 1)[1]}.yaml"))
+    return fixed_plan(spec_data(**FIXED[case]))
+
+
+def lm_root():
+    root = megatron_lm_root()
+    if root is None:
+        pytest.skip(f"ORCH_MEGATRON_LM is not set: {HOW_TO_ENABLE}")
+    return root
+
+
+@pytest.fixture(scope="module")
+def lm_reports(tmp_path_factory):
+    """Megatron-LM's verdict on every case's run dir, in one subprocess: case -> (problems, facts)."""
+    root = lm_root()
+    runs, planned = [], [case for case in CASES if _plans(case)]
+    for case in planned:
+        plan = plan_of(case)
+        run = write_run_dir(plan, tmp_path_factory.mktemp("run") / case.replace(":", "-"))
+        tokens = (run / "megatron_args.txt").read_text().splitlines()
+        env = launch_script_env((run / "launch_local.sh").read_text())  # CUDA_DEVICE_MAX_CONNECTIONS as exported
+        runs.append(LmRun(tokens, plan.world_size, env, str(run / "megatron_args.txt")))
+    return dict(zip(planned, megatron_lm_reports(runs, megatron_lm_root=root)))
+
+
+def _plans(case: str) -> bool:
+    try:
+        plan_of(case)
+    except Exception:  # noqa: BLE001  (the per-case test reports it)
+        return False
+    return True
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_megatron_lm_validate_args_accepts_the_run_dirs_arguments(case, lm_reports):
+    plan = plan_of(case)
+    problems, facts = lm_reports[case]
+    assert problems == [], [str(p) for p in problems]
+    # What Megatron derived agrees with the plan.
+    assert facts["data_parallel_size"] == plan.layout.dp
+    assert facts["num_microbatches"] == plan.grad_accum_steps
+    assert facts["virtual_pipeline_model_parallel_size"] == (plan.layout.vpp if plan.layout.vpp > 1 else None)
+    if "padded_vocab_size" in facts:
+        assert facts["padded_vocab_size"] == plan.padded_vocab_size
+    assert "Transformer Engine" in facts.get("skipped", "Transformer Engine")
+
+
+def test_megatron_fsdp_with_tensor_parallelism_needs_its_own_launch_env_and_rejections_quote_megatron():
+    root = lm_root()
+    fsdp = fixed_plan(spec_data(**FSDP_TP))
+    fsdp_tokens = render_megatron_args(fsdp)
+    tiny = render_megatron_args(plan_of("tiny-tp2-sp-zero1-selective-cpu"))
+    hidden = list(tiny)
+    hidden[hidden.index("--hidden-size") + 1] = "130"
+    cuda1 = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    reports = megatron_lm_reports([LmRun(fsdp_tokens, 8, megatron_env(fsdp)), LmRun(fsdp_tokens, 8, cuda1),
+                                   LmRun(tiny, 2, {}), LmRun(hidden, 2, cuda1)], megatron_lm_root=root)
+    (fsdp_ok, _), (fsdp_cuda1, _), (no_env, _), (bad_hidden, _) = reports
+    assert fsdp_ok == []
+    assert "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS" in fsdp_cuda1[0].message
+    assert "CUDA_DEVICE_MAX_CONNECTIONS to 1" in no_env[0].message
+    assert "Megatron-LM core_v0.16.1 arguments.py:" in no_env[0].hint
+    assert "hidden_size % args.num_attention_heads" in bad_hidden[0].message and "--hidden-size" in bad_hidden[0].hint
+
+
+@pytest.fixture(scope="module")
+def config_verdicts():
+    """TransformerConfig's verdict on every case's megatron_config.json, in one subprocess."""
+    planned = [case for case in CASES if _plans(case)]
+    configs = [render_megatron_config(plan_of(case)) for case in planned]
+    return dict(zip(planned, check_transformer_configs(configs)))
+
+
+@needs_core
+@pytest.mark.parametrize("case", CASES)
+def test_rendered_megatron_config_builds_a_transformer_config(case, config_verdicts):
+    plan_of(case)  # a planning error fails here, for this case only
+    assert check_megatron_config(render_megatron_config(plan_of(case)), deep=False) == []
+    assert config_verdicts[case] == []
+
+
+@needs_core
+def test_validate_megatron_args_file_deep_builds_a_transformer_config(tmp_path):
+    plan = plan_of("llama3-8b-tp4-pp2-gqa-full")
+    path = tmp_path / "megatron_args.txt"
+    path.write_text("\n".join(render_megatron_args(plan)) + "\n")
+    assert validate_megatron_args_file(path, world_size=plan.world_size, deep=True) == []
+    # A combination only TransformerConfig knows is wrong: distributed recompute with sequence parallelism.
+    path.write_text(path.read_text() + "--distribute-saved-activations\n")
+    problems = validate_megatron_args_file(path, world_size=plan.world_size, deep=True)
+    assert len(problems) == 1 and "TransformerConfig rejects it" in problems[0].message, problems
+    assert "distribute_saved_activations" in problems[0].message
+
+
+ACCEPTED_DEFECTS = [
+    ({"hidden_size": 130}, "hidden_size(130) % num_attention_heads(4)"),
+    ({"pipeline_model_parallel_size": 3}, "num_layers(4) % pp(3)"),
+    ({"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 4}, "not divisible into vpp(4)"),
+    ({"tensor_model_parallel_size": -2}, "tensor_model_parallel_size must be an integer >= 1"),
+]
+
+
+@needs_core
+def test_static_checker_catches_what_transformer_config_accepts():
+    base = render_megatron_config(fixed_plan(spec_data(**{"parallelism.zero_stage": 1})))
+    configs = [{**base, **change} for change, _ in ACCEPTED_DEFECTS]
+    assert check_transformer_configs(configs) == [[]] * len(configs), "TransformerConfig itself accepts these"
+    for config, (_, text) in zip(configs, ACCEPTED_DEFECTS):
+        assert any(text in p.message for p in check_megatron_config(config, deep=False)), text
+
+
+def test_flag_table_is_fresh():
+    lm_root()
+    out = subprocess.run([sys.executable, "tests/tools/export_megatron_lm_args.py", "--check"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+# --- what of Megatron-Core runs on CPU --------------------------------------------------------------
+
+def _tp_worker(rank: int, world: int, port: int, queue) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from megatron.core import parallel_state
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
+    config = ModelParallelConfig(tensor_model_parallel_size=2, use_cpu_initialization=True)
+    torch.manual_seed(0)
+    column = ColumnParallelLinear(8, 16, config=config, init_method=torch.nn.init.xavier_normal_, bias=False,
+                                  gather_output=False)
+    row = RowParallelLinear(16, 8, config=config, init_method=torch.nn.init.xavier_normal_, bias=False,
+                            input_is_parallel=True, skip_bias_add=False)
+    x = torch.randn(4, 2, 8, generator=torch.Generator().manual_seed(1))
+    hidden, _ = column(x)
+    out, _ = row(hidden)
+    full = [_gather(column.weight, 0, world), _gather(row.weight, 1, world)]
+    reference = x @ full[0].t() @ full[1].t()
+    queue.put((rank, parallel_state.get_tensor_model_parallel_world_size(), tuple(hidden.shape),
+               float((out - reference).abs().max())))
+    parallel_state.destroy_model_parallel()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _gather(weight, dim: int, world: int):
+    import torch
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(weight) for _ in range(world)]
+    dist.all_gather(parts, weight.detach().contiguous())
+    return torch.cat(parts, dim)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_core
+def test_tensor_parallel_linears_run_on_gloo_with_two_processes():
+    import torch.multiprocessing as mp
+
+    queue = mp.get_context("spawn").Queue()
+    mp.start_processes(_tp_worker, args=(2, _free_port(), queue), nprocs=2, start_method="spawn", join=True)
+    results = sorted(queue.get(timeout=60) for _ in range(2))
+    assert [r[:3] for r in results] == [(0, 2, (4, 2, 8)), (1, 2, (4, 2, 8))]  # each rank holds half of 16
+    assert max(r[3] for r in results) < 1e-5, "column->row parallel output equals the unsharded matmul"
