@@ -80,22 +80,26 @@ def _optimizer(plan: Plan) -> dict:
         params["momentum"] = o.betas[0]
     else:
         params.update({"betas": list(o.betas), "eps": o.eps})
-        if plan.spec.cluster.gpu == "cpu" and plan.layout.offload == "none":
-            params["torch_adam"] = True  # plain torch.optim on CPU: no fused op to compile
+        if plan.spec.cluster.gpu == "cpu":
+            params["torch_adam"] = True  # plain torch.optim on CPU: no fused or cpu_adam op to compile
     return {"type": _OPTIMIZER_TYPES[o.type], "params": params}
 
 
 def _scheduler(plan: Plan) -> dict:
+    """DeepSpeed's warm-up schedulers, starting at lr/warmup (not 0: no wasted first step).
+
+    DeepSpeed 0.19.8 rejects warmup_num_steps < 1, so "no warm-up" is one step that starts at the peak.
+    """
     t = plan.spec.training
     s, lr = t.lr_schedule, t.optimizer.lr
-    warmup = min(s.warmup_iters, t.train_iters)
+    warmup = max(1, min(s.warmup_iters, t.train_iters))
+    start_ratio = 1.0 if s.warmup_iters == 0 else 1.0 / warmup
     if s.decay == "cosine":
         return {"type": "WarmupCosineLR",
                 "params": {"total_num_steps": t.train_iters, "warmup_num_steps": warmup,
-                           "warmup_min_ratio": 0.0, "cos_min_ratio": s.min_lr / lr, "warmup_type": "linear"}}
+                           "warmup_min_ratio": start_ratio, "cos_min_ratio": s.min_lr / lr, "warmup_type": "linear"}}
+    linear = {"warmup_num_steps": warmup, "warmup_min_lr": lr * start_ratio, "warmup_max_lr": lr,
+              "warmup_type": "linear"}
     if s.decay == "linear":
-        return {"type": "WarmupDecayLR",
-                "params": {"total_num_steps": t.train_iters, "warmup_num_steps": warmup,
-                           "warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_type": "linear"}}
-    return {"type": "WarmupLR", "params": {"warmup_num_steps": warmup, "warmup_min_lr": 0.0,
-                                           "warmup_max_lr": lr, "warmup_type": "linear"}}
+        return {"type": "WarmupDecayLR", "params": {"total_num_steps": t.train_iters, **linear}}
+    return {"type": "WarmupLR", "params": linear}

@@ -1,0 +1,68 @@
+"""The per-step metrics record: one line of ``metrics.jsonl`` and the same names in W&B.
+
+``schemas/metrics.schema.json`` is exported from :class:`MetricsRecord` (``make schemas``), never
+written by hand. The SPEC.md names are the contract; the fields after them are additions.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from ..typed import spec_field
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsRecord:
+    """One optimizer step, from rank 0, aggregated over every rank of the job."""
+
+    step: int = spec_field(doc="optimizer step, 1-based; each step appears once per run", minimum=1)
+    time_unix: float = spec_field(doc="wall clock (seconds since the epoch) when the step finished")
+    loss: float = spec_field(doc="training loss of the step: mean over micro-batches and data-parallel ranks")
+    step_time_s: float = spec_field(doc="wall time of the step (data, forward, backward, optimizer), the "
+                                        "slowest rank", minimum=0)
+    tokens_per_s: float = spec_field(doc="global_batch_size * seq_length / step_time_s", minimum=0)
+    tflops_per_gpu: float = spec_field(doc="model FLOPs of the step / (step_time_s * world_size) / 1e12",
+                                       minimum=0)
+    mfu: float = spec_field(doc="tflops_per_gpu / the catalog's dense peak for the run's precision", minimum=0)
+    bubble_fraction: float = spec_field(doc="pipeline bubble of the worst rank: 1 - busy compute time (forward, "
+                                            "backward, optimizer step) / step wall time; 0 when pp = 1",
+                                        minimum=0, maximum=1)
+    allreduce_time_s: float = spec_field(doc="time inside data-parallel gradient reductions (all-reduce, "
+                                             "reduce-scatter, reduce), the slowest rank; 0 when dp = 1",
+                                         minimum=0)
+    allreduce_overhead: float = spec_field(doc="allreduce_time_s / step_time_s", minimum=0)
+    comm_exposed_s: float = spec_field(doc="time the training thread was blocked in data-parallel "
+                                           "collectives (not overlapped with compute), the slowest rank",
+                                       minimum=0)
+    mem_peak_bytes: int = spec_field(doc="peak memory, max over ranks: accelerator allocator peak, or the "
+                                         "process's peak resident set size on CPU", minimum=0)
+    lr: float = spec_field(doc="learning rate used by this step's update", minimum=0)
+    grad_norm: Optional[float] = spec_field(doc="global gradient norm before clipping (null when the "
+                                                "engine does not compute it)")
+    # --- additions beyond SPEC.md -------------------------------------------------------------------
+    bubble_fraction_mean: float = spec_field(0.0, doc="pipeline bubble averaged over ranks", minimum=0,
+                                             maximum=1)
+    hfu: float = spec_field(0.0, doc="hardware FLOPs utilisation (recomputation counted)", minimum=0)
+    compute_time_s: float = spec_field(0.0, doc="busy compute time (forward, backward, optimizer step; "
+                                                "collectives inside them excluded), the busiest rank", minimum=0)
+    allgather_time_s: float = spec_field(0.0, doc="time in data-parallel parameter all-gathers (ZeRO), "
+                                                  "the slowest rank", minimum=0)
+    other_comm_time_s: float = spec_field(0.0, doc="time in other collectives (pipeline send/receive, "
+                                                   "tied-weight and tensor-parallel reductions), the slowest "
+                                                   "rank", minimum=0)
+    comm_bytes: int = spec_field(0, doc="bytes handed to data-parallel gradient reductions by one rank "
+                                        "this step", minimum=0)
+    allreduce_busbw_GBps: float = spec_field(0.0, doc="achieved bus bandwidth of those reductions "
+                                                      "(nccl-tests convention), GB/s", minimum=0)
+    world_size: int = spec_field(1, doc="processes in the job", minimum=1)
+
+
+def record_fields() -> list[str]:
+    """Field names in record order."""
+    return [f.name for f in dataclasses.fields(MetricsRecord)]
+
+
+SPEC_FIELDS = ("step", "time_unix", "loss", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+               "bubble_fraction", "allreduce_time_s", "allreduce_overhead", "comm_exposed_s", "mem_peak_bytes",
+               "lr", "grad_norm")

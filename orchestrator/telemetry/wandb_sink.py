@@ -1,0 +1,139 @@
+"""The W&B sink: exactly one run per job (rank 0), offline unless the user is set up for online.
+
+- Mode: ``WANDB_MODE`` from the environment when set, else the spec's ``tracking.wandb.mode`` (offline
+  by default: no account, no network; ``wandb sync`` uploads later). ``online`` without credentials
+  (no ``WANDB_API_KEY``, no netrc entry for the W&B host) falls back to offline with a warning.
+- Run: name = spec name, group and tags from the spec plus the layout tag (``tp1-pp1-dp2-z2-mb2``),
+  the precision and the engine; config = the resolved spec and the plan's chosen record; the plan's
+  predictions as ``predicted/<metric>`` in config and summary. ``step`` is the x-axis of every metric.
+- The run id is kept in ``wandb_run_id`` in the run dir, so a resumed job continues the same W&B run.
+- Secrets: nothing from the environment is put in the config; the API key is never logged or written
+  by orch (wandb reads it itself, and only in online mode).
+"""
+from __future__ import annotations
+
+import netrc
+import os
+import secrets
+import string
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .record import MetricsRecord
+from .sinks import record_dict
+
+RUN_ID_FILE = "wandb_run_id"
+DEFAULT_HOST = "api.wandb.ai"
+
+
+def has_wandb_credentials(env: dict | None = None) -> bool:
+    """True when wandb could authenticate: WANDB_API_KEY set, or a netrc entry for the W&B host."""
+    env = os.environ if env is None else env
+    if env.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(env.get("WANDB_BASE_URL", "")).hostname or DEFAULT_HOST
+    try:
+        path = env.get("NETRC") or None
+        return netrc.netrc(path).authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def resolve_wandb_mode(spec_mode: str, env: dict | None = None) -> tuple[str, str | None]:
+    """(mode, note): the environment's WANDB_MODE wins over the spec; online needs credentials."""
+    env = os.environ if env is None else env
+    mode = env.get("WANDB_MODE") or spec_mode
+    if mode == "dryrun":
+        mode = "offline"
+    if mode == "online" and not has_wandb_credentials(env):
+        return "offline", "W&B mode 'online' but not logged in (no WANDB_API_KEY, no netrc entry): logging offline"
+    return mode, None
+
+
+# Plan estimate -> the metric it predicts.
+PREDICTED = {"step_time_s": "step_time_s", "tokens_per_s": "tokens_per_s", "tflops_per_gpu": "tflops_per_gpu",
+             "mfu": "mfu", "hfu": "hfu", "bubble_fraction": "bubble_fraction", "flops_per_step": "flops_per_step"}
+
+
+def predicted_values(chosen: dict) -> dict:
+    """``predicted/<name>`` values from plan.json's chosen record (empty when it has no estimates)."""
+    out = {}
+    for key, name in PREDICTED.items():
+        if isinstance(chosen.get(key), (int, float)) and not isinstance(chosen.get(key), bool):
+            out[f"predicted/{name}"] = chosen[key]
+    memory, comm = chosen.get("memory") or {}, chosen.get("comm") or {}
+    if isinstance(memory.get("total_bytes"), (int, float)):
+        out["predicted/mem_peak_bytes"] = memory["total_bytes"]
+    if isinstance(comm.get("dp_s"), (int, float)):
+        out["predicted/allreduce_time_s"] = comm["dp_s"]
+        step = chosen.get("step_time_s")
+        if isinstance(step, (int, float)) and step > 0:
+            out["predicted/allreduce_overhead"] = comm["dp_s"] / step
+    if isinstance(comm.get("exposed_s"), (int, float)):
+        out["predicted/comm_exposed_s"] = comm["exposed_s"]
+    return out
+
+
+def run_tags(spec_tags: list, layout_tag: str, precision: str, engine: str) -> list[str]:
+    tags = list(spec_tags)
+    for tag in (layout_tag, precision, engine):
+        if tag not in tags:
+            tags.append(tag)
+    return tags
+
+
+class WandbSink:
+    """Logs each record to one W&B run. Construct on rank 0 only."""
+
+    def __init__(self, *, run_dir: Path, spec_data: dict, wandb_spec, chosen: dict, layout_tag: str,
+                 precision: str, engine: str, mode: str):
+        import wandb  # noqa: PLC0415  (only the trainer's rank 0 pays for it)
+
+        run_dir = Path(run_dir)
+        run_id = _run_id(run_dir)
+        predicted = predicted_values(chosen)
+        config = {"spec": spec_data, "plan": chosen, "layout": layout_tag, "engine": engine, **predicted}
+        settings = wandb.Settings(console="off", x_disable_stats=True, save_code=False, disable_git=True,
+                                  silent=True)
+        self.run = wandb.init(project=wandb_spec.project, entity=wandb_spec.entity, name=spec_data["name"],
+                              group=wandb_spec.group or spec_data["name"],
+                              tags=run_tags(wandb_spec.tags, layout_tag, precision, engine),
+                              config=config, dir=str(run_dir), mode=mode, id=run_id, resume="allow",
+                              settings=settings)
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+        for key, value in predicted.items():
+            self.run.summary[key] = value
+
+    @property
+    def directory(self) -> str:
+        """The offline/online run directory (holds the .wandb file)."""
+        files = getattr(self.run, "dir", "") or ""
+        return str(Path(files).parent) if files else ""
+
+    def write(self, record: MetricsRecord) -> None:
+        self.run.log(record_dict(record))
+
+    def close(self, *, exit_code: int = 0) -> None:
+        self.run.finish(exit_code=exit_code)
+
+
+def _run_id(run_dir: Path) -> str:
+    path = run_dir / RUN_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    path.write_text(run_id + "\n")
+    return run_id
+
+
+def open_wandb_sink(*, run_dir, spec, spec_data: dict, chosen: dict, layout_tag: str, engine: str):
+    """The sink for the spec's tracking settings, or None when W&B is disabled."""
+    mode, note = resolve_wandb_mode(spec.tracking.wandb.mode)
+    if note:
+        print(f"[orch-train] warning: {note}", file=sys.stderr, flush=True)
+    if mode == "disabled":
+        return None
+    return WandbSink(run_dir=run_dir, spec_data=spec_data, wandb_spec=spec.tracking.wandb, chosen=chosen,
+                     layout_tag=layout_tag, precision=spec.training.precision, engine=engine, mode=mode)

@@ -1,0 +1,172 @@
+"""The DeepSpeed engines: the run dir's ds_config.json, unchanged, drives ``deepspeed.initialize``.
+
+- :class:`ZeroEngine` (pp = 1): the GPT module on DeepSpeed's engine, ZeRO stage 0-3, fp32 or bf16,
+  optional optimizer/parameter offload, gradient accumulation over micro-batches.
+- :class:`PipeEngine` (pp > 1): the same layers in DeepSpeed's PipelineModule (1F1B schedule,
+  ``train_batch``), ZeRO 0/1.
+
+Both wrap their compute (forward, backward, optimizer step) with the telemetry's BusyTimer, which
+subtracts the collectives inside them: that gives the compute time and the pipeline bubble. Both expose
+the same small interface to the trainer: ``train_step``, ``save``, ``load``, ``info``, ``close`` and the
+attributes ``device``, ``dp_rank``, ``dp_ranks``, ``stage_id``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import checkpoint
+from .model import GPT, count_parameters, lm_loss, pipeline_specs
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float
+    lr: float
+    grad_norm: float | None
+
+
+def _finite_or_none(value) -> float | None:
+    if value is None:
+        return None
+    value = float(value.item() if hasattr(value, "item") else value)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+class _DeepSpeedBase:
+    """What both engines share: the DeepSpeed engine handle, checkpoints, teardown."""
+
+    engine = None
+    rank = 0
+
+    def save(self, ckpt_dir: Path, step: int) -> None:
+        checkpoint.save(self.engine, ckpt_dir, step, rank=self.rank)
+
+    def load(self, ckpt_dir: Path, step: int) -> int:
+        return checkpoint.load(self.engine, ckpt_dir, step)
+
+    def current_lr(self) -> float:
+        """The learning rate the next optimizer step will use (the optimizer's, not the scheduler's
+        bookkeeping, which lags by one step before the first update)."""
+        groups = getattr(self.engine.optimizer, "param_groups", None)
+        if groups:
+            return float(groups[0]["lr"])
+        lrs = self.engine.get_lr()
+        return float(lrs[0]) if lrs else 0.0
+
+    def close(self) -> None:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        dist.barrier()
+        self.engine.destroy()
+
+
+class ZeroEngine(_DeepSpeedBase):
+    """pp = 1: data parallel over every rank, ZeRO stage from ds_config."""
+
+    def __init__(self, spec, ds_config: dict, dataset, busy):
+        import deepspeed  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        self.spec, self.dataset = spec, dataset
+        torch.manual_seed(spec.training.seed)
+        model = GPT(spec.model, recompute=_recompute(spec))
+        self.param_count = count_parameters(model)
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.dp_rank, self.dp_ranks, self.stage_id = self.rank, list(range(self.world)), 0
+        self.device = self.engine.device
+        self.micro_batch_size = ds_config["train_micro_batch_size_per_gpu"]
+        self.grad_accum = ds_config["gradient_accumulation_steps"]
+        self._forward = busy.wrap(self.engine)
+        self._backward = busy.wrap(self.engine.backward)
+        self._optimizer_step = busy.wrap(self.engine.step)
+
+    def train_step(self, step: int) -> StepResult:
+        lr = self.current_lr()
+        losses = []
+        for j in range(self.grad_accum):
+            tokens, labels = self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size)
+            loss = self._forward(tokens.to(self.device), labels.to(self.device))
+            self._backward(loss)
+            self._optimizer_step()
+            losses.append(loss.detach().float())
+        return StepResult(loss=float(torch.stack(losses).mean()), lr=lr,
+                          grad_norm=_finite_or_none(self.engine.get_global_grad_norm()))
+
+    def info(self) -> dict:
+        """Parameter counts of this rank: with ZeRO-3 the local shard (``ds_tensor``) of each parameter."""
+        params = list(self.engine.module.parameters())
+        if all(hasattr(p, "ds_tensor") for p in params):
+            local = sum(p.ds_tensor.numel() for p in params)
+            total = sum(p.ds_numel for p in params)
+        else:
+            local = total = sum(p.numel() for p in params)
+        return {"stage_id": 0, "dp_rank": self.dp_rank, "param_count": self.param_count, "full_param_numel": total,
+                "local_param_numel": local, "param_shard_fraction": local / total if total else 1.0,
+                "layers": None}
+
+
+class PipeEngine(_DeepSpeedBase):
+    """pp > 1: DeepSpeed's PipelineModule + PipelineEngine.train_batch (1F1B)."""
+
+    def __init__(self, spec, ds_config: dict, dataset, busy):
+        import deepspeed  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+        from deepspeed.pipe import PipelineModule  # noqa: PLC0415
+        from deepspeed.runtime.pipe import schedule  # noqa: PLC0415
+
+        self.spec, self.dataset = spec, dataset
+        pipe = ds_config["pipeline"]
+        torch.manual_seed(spec.training.seed)
+        module = PipelineModule(layers=pipeline_specs(spec.model, _recompute(spec)), num_stages=pipe["stages"],
+                                loss_fn=lm_loss, partition_method=pipe["partition"],
+                                activation_checkpoint_interval=pipe["activation_checkpoint_interval"],
+                                checkpointable_layers=["BlockPipe"])   # never the token embedding
+        self.local_param_count = count_parameters(module)
+        self.engine, *_ = deepspeed.initialize(model=module, model_parameters=[p for p in module.parameters()
+                                                                               if p.requires_grad],
+                                               config=ds_config)
+        grid = self.engine.grid
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.dp_rank, self.stage_id = grid.data_parallel_id, grid.get_stage_id()
+        self.dp_ranks = dist.get_process_group_ranks(grid.get_data_parallel_group())
+        self.device = self.engine.device
+        self.micro_batch_size = ds_config["train_micro_batch_size_per_gpu"]
+        self.grad_accum = ds_config["gradient_accumulation_steps"]
+        self.parts = [int(p) for p in module.parts]
+        # Time the stage's compute: DeepSpeed looks instructions up in _INSTRUCTION_MAP on the instance.
+        table = dict(type(self.engine)._INSTRUCTION_MAP)
+        for instruction in (schedule.ForwardPass, schedule.BackwardPass, schedule.OptimizerStep):
+            table[instruction] = busy.wrap(table[instruction])
+        self.engine._INSTRUCTION_MAP = table
+
+    def _batches(self, step: int):
+        for j in range(self.grad_accum):
+            yield self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size)
+
+    def train_step(self, step: int) -> StepResult:
+        lr = self.current_lr()
+        loss = self.engine.train_batch(data_iter=self._batches(step))
+        return StepResult(loss=float(loss.float().mean()), lr=lr,
+                          grad_norm=_finite_or_none(self.engine.get_global_grad_norm()))
+
+    def info(self) -> dict:
+        n = self.local_param_count
+        return {"stage_id": self.stage_id, "dp_rank": self.dp_rank, "param_count": None, "full_param_numel": n,
+                "local_param_numel": n, "param_shard_fraction": 1.0,
+                "layers": [self.parts[self.stage_id], self.parts[self.stage_id + 1]]}
+
+
+def _recompute(spec) -> str:
+    return spec.parallelism.recompute or "none"
+
+
+def build_engine(spec, ds_config: dict, dataset, busy):
+    """The DeepSpeed engine for the run dir's layout (pp from ds_config's pipeline section)."""
+    if ds_config.get("pipeline", {}).get("stages", 1) > 1:
+        return PipeEngine(spec, ds_config, dataset, busy)
+    return ZeroEngine(spec, ds_config, dataset, busy)

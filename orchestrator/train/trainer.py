@@ -1,0 +1,228 @@
+"""The training loop that consumes a run dir: resume, train, measure, checkpoint, stop cleanly.
+
+Per step: telemetry.begin -> engine.train_step (all micro-batches + optimizer step) -> telemetry.end
+(one all_reduce; rank 0 writes metrics.jsonl / W&B / the progress line) -> checkpoint every
+``training.checkpoint.interval`` steps, at the last step and when a stop signal arrived.
+
+Exit codes (see signals.py): 0 done (train_iters or --max-steps reached, or nothing left to do), 75
+stopped by SIGTERM/SIGUSR1/SIGINT after checkpointing (run again to resume), 2 unusable input (run dir,
+world size, engine), 1 failure (an exception: its traceback is on stderr).
+
+Files it writes in the run dir (rank 0): metrics.jsonl, train_info.json (per start: engine, layout,
+start step, per-rank parameter counts and ZeRO-3 shard), train_status.json (at the end: finished or
+preempted, last step, checkpoint step, exit code), wandb/ and wandb_run_id (W&B), checkpoints/.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import OrchError, SpecError
+from . import checkpoint
+from .signals import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, StopRequest
+
+INFO_FILE = "train_info.json"
+STATUS_FILE = "train_status.json"
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    run_dir: Path
+    resume: bool = True
+    max_steps: int | None = None
+    engine: str = "deepspeed"
+    telemetry: bool = True
+
+
+def log(message: str) -> None:
+    """A line for people, on stderr (rank 0 only: callers check)."""
+    print(f"[orch-train] {message}", file=sys.stderr, flush=True)
+
+
+def ensure_process_group_env() -> None:
+    """Let ``python -m orchestrator.train RUN_DIR`` (no torchrun) run as a 1-process job."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+
+
+def check_world_size(spec) -> None:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != spec.world_size:
+        raise SpecError(f"the run dir is for world_size({spec.world_size}) = num_nodes({spec.cluster.num_nodes})"
+                        f" * gpus_per_node({spec.cluster.gpus_per_node}) processes, but WORLD_SIZE={world}",
+                        path="WORLD_SIZE")
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def run(options: TrainOptions) -> int:
+    """Train the run dir with the chosen engine; returns the process exit code."""
+    from ..rundir import read_run_dir  # noqa: PLC0415
+
+    run_dir = read_run_dir(options.run_dir)
+    if options.engine == "megatron":
+        from .megatron_engine import run_megatron  # noqa: PLC0415
+
+        return run_megatron(run_dir, options)
+    if options.engine != "deepspeed":
+        raise SpecError(f"unknown engine {options.engine!r}", path="--engine")
+    check_world_size(run_dir.spec)
+    ensure_process_group_env()
+    return _run_deepspeed(run_dir, options)
+
+
+def _run_deepspeed(run_dir, options: TrainOptions) -> int:
+    import deepspeed  # noqa: PLC0415
+    import deepspeed.comm.comm as ds_comm  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from deepspeed.accelerator import get_accelerator  # noqa: PLC0415
+
+    from .data import build_dataset  # noqa: PLC0415
+    from .engine import build_engine  # noqa: PLC0415
+    from .session import TelemetrySession  # noqa: PLC0415
+
+    deepspeed.init_distributed(verbose=False)
+    rank = dist.get_rank()
+    spec = run_dir.spec
+    accelerator = get_accelerator()
+    synchronize = accelerator.synchronize if accelerator.device_name() != "cpu" else None
+    session = TelemetrySession(run_dir, engine_name="deepspeed", rank=rank, enabled=options.telemetry,
+                               synchronize=synchronize)
+    session.install_comm(ds_comm.cdb)
+    session.start_wandb(run_dir)
+    engine = build_engine(spec, run_dir.ds_config, build_dataset(spec, run_dir.path), session.busy)
+    session.comm.set_dp_ranks(engine.dp_ranks)
+    code = train_loop(run_dir, options, engine, session, rank)
+    engine.close()
+    dist.destroy_process_group()
+    return code
+
+
+def resume_step(run_dir, options: TrainOptions, engine, rank: int) -> int:
+    """Load the newest checkpoint when resuming; drop metrics records after it. Returns the start step."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from ..telemetry.sinks import METRICS_FILE, truncate_metrics  # noqa: PLC0415
+
+    ckpt_dir = checkpoint.checkpoint_dir(run_dir.path, run_dir.spec)
+    latest = checkpoint.latest_step(ckpt_dir) if options.resume else None
+    start = engine.load(ckpt_dir, latest) if latest is not None else 0
+    if rank == 0:
+        dropped = truncate_metrics(run_dir.path / METRICS_FILE, start)
+        if latest is not None:
+            log(f"resumed from {ckpt_dir / checkpoint.tag_for(start)} (step {start}); "
+                f"dropped {dropped} metrics record(s) after it")
+    dist.barrier()
+    return start
+
+
+def train_loop(run_dir, options: TrainOptions, engine, session, rank: int) -> int:
+    """Resume, run the steps, checkpoint; returns EXIT_OK or EXIT_PREEMPTED (all ranks agree)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    spec = run_dir.spec
+    ckpt_dir = checkpoint.checkpoint_dir(run_dir.path, spec)
+    interval = spec.training.checkpoint.interval
+    start = resume_step(run_dir, options, engine, rank)
+    last = spec.training.train_iters if options.max_steps is None else min(options.max_steps,
+                                                                           spec.training.train_iters)
+    _write_info(run_dir, engine, session, start, rank)
+    telemetry = session.open(run_dir, engine, total_steps=spec.training.train_iters, start_step=start,
+                             device=engine.device)
+    stop = StopRequest().install()
+    code, step, saved = EXIT_OK, start, start
+    try:
+        for step in range(start + 1, last + 1):
+            telemetry.begin()
+            result = engine.train_step(step)
+            _, stop_now = telemetry.end(step=step, loss=result.loss, lr=result.lr, grad_norm=result.grad_norm,
+                                        stop_requested=stop.requested is not None)
+            if stop_now or step % interval == 0 or step == last:
+                engine.save(ckpt_dir, step)
+                saved = step
+            if stop_now:
+                code = EXIT_PREEMPTED
+                if rank == 0:
+                    log(f"stop requested ({stop.requested or 'signal on another rank'}): checkpoint of step "
+                        f"{step} saved, exiting {EXIT_PREEMPTED} (run again to resume)")
+                break
+    except BaseException:
+        code = EXIT_FAILED
+        raise
+    finally:
+        stop.uninstall()
+        telemetry.close(exit_code=code)
+    if rank == 0:
+        write_json(run_dir.path / STATUS_FILE, {"state": "preempted" if code else "finished", "step": step,
+                                                "checkpoint_step": saved, "exit_code": code,
+                                                "time_unix": time.time()})
+        log(f"{'stopped' if code else 'finished'} at step {step}/{spec.training.train_iters}; "
+            f"metrics: {run_dir.path / 'metrics.jsonl'}" + (f"; wandb: {session.wandb_dir}" if session.wandb_dir
+                                                           else ""))
+    dist.barrier()
+    return code
+
+
+def _write_info(run_dir, engine, session, start: int, rank: int) -> None:
+    """train_info.json (rank 0): what this start of the job found and built, per rank."""
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, {"rank": rank, **engine.info()})
+    if rank != 0:
+        return
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    versions = {"torch": torch.__version__}
+    for package in ("deepspeed", "megatron-core", "wandb"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    write_json(run_dir.path / INFO_FILE, {
+        "engine": session.engine_name, "world_size": dist.get_world_size(), "start_step": start,
+        "layout": session.layout_tag, "param_count": ranks[0]["param_count"], "ranks": ranks,
+        "versions": versions, "telemetry": session.enabled,
+    })
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.train",
+                                     description="Train a run dir written by `orch generate` (start it "
+                                                 "with torchrun: see the run dir's launch_local.sh).")
+    parser.add_argument("run_dir", type=Path, help="the run dir (spec.resolved.yaml, ds_config.json, ...)")
+    parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                        help="continue from the newest checkpoint when there is one (default: yes)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="stop (with a checkpoint) once this global step is reached")
+    parser.add_argument("--engine", choices=("deepspeed", "megatron"), default="deepspeed")
+    parser.add_argument("--no-telemetry", dest="telemetry", action="store_false",
+                        help="no per-step metrics (metrics.jsonl, W&B, progress lines)")
+    args = parser.parse_args(argv)
+    if args.max_steps is not None and args.max_steps < 1:
+        parser.error("--max-steps must be >= 1")
+    options = TrainOptions(run_dir=args.run_dir, resume=args.resume, max_steps=args.max_steps,
+                           engine=args.engine, telemetry=args.telemetry)
+    try:
+        return run(options)
+    except OrchError as e:
+        print(f"orch-train: error: {e}", file=sys.stderr)
+        return e.exit_code
