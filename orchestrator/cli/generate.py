@@ -10,7 +10,9 @@ import click
               help="Run dir to write (refused if it exists, unless --force).")
 @click.option("--force", is_flag=True, help="Replace an existing run dir.")
 @click.option("--top", "top_k", default=5, show_default=True, help="Candidates kept in plan.json.")
-def command(spec_path: str, out_dir: str, force: bool, top_k: int) -> None:
+@click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False),
+              help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
+def command(spec_path: str, out_dir: str, force: bool, top_k: int, calibration_path: str | None) -> None:
     """Write the run dir for SPEC: ds_config.json, megatron_args.txt, megatron_config.json, launch
     scripts (local, SLURM, pdsh), hostfile, plan.json, spec.resolved.yaml and manifest.json.
 
@@ -20,8 +22,10 @@ def command(spec_path: str, out_dir: str, force: bool, top_k: int) -> None:
     from ..render.megatron import render_megatron_notes
     from ..rundir import write_run_dir
     from ..spec import load_spec
+    from .plan import calibrated_cost
 
-    plan = build_plan(load_spec(spec_path), top_k=top_k)
+    spec = load_spec(spec_path)
+    plan = build_plan(spec, top_k=top_k, cost=calibrated_cost(calibration_path, spec))
     out = write_run_dir(plan, out_dir, force=force)
     lay = plan.layout
     click.echo(f"wrote {out}  ({lay.tag()}, world size {plan.world_size}, "

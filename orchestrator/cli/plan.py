@@ -14,20 +14,23 @@ GiB = 2**30
               help="How many ranked layouts to show.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"chosen": LAYOUT, "candidates": [LAYOUT, ...]} (SPEC.md) instead of the table.')
-def command(spec_path: str, top_k: int, as_json: bool) -> None:
+@click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False),
+              help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
+def command(spec_path: str, top_k: int, as_json: bool, calibration_path: str | None) -> None:
     """Search the parallel layouts SPEC leaves open (tp, pp, vpp, dp, ZeRO stage, micro-batch,
     recompute, sequence parallel, offload), drop those that break a rule or do not fit in GPU memory,
     and rank the rest by predicted step time. Prints the top layouts with their memory breakdown, bubble,
     communication time by kind, tokens/s, TFLOP/s per GPU and MFU, and why the winner won.
 
-    Exit 0, or 2 when the spec is invalid or no layout fits (the error says what is closest and what
-    would make it fit).
+    Exit 0, or 2 when the spec is invalid, the calibration file is invalid or for another GPU or
+    precision, or no layout fits (the error says what is closest and what would make it fit).
     """
     from ..planner import search
     from ..spec import load_spec
 
     spec = load_spec(spec_path)
-    result = search(spec, top_k=top_k)
+    cost = calibrated_cost(calibration_path, spec)
+    result = search(spec, top_k=top_k, cost=cost)
     if as_json:
         click.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
         return
@@ -37,6 +40,17 @@ def command(spec_path: str, top_k: int, as_json: bool) -> None:
     console.print(render_table(spec, result))
     for line in result.reasons:
         console.print(f"- {line}", markup=False, highlight=False)
+
+
+def calibrated_cost(path: str | None, spec):
+    """The CostModel of a calib.json for this spec (None without one); notes the file on stderr."""
+    if path is None:
+        return None
+    from ..calibrate import load_calibration
+
+    cost = load_calibration(path).cost_for(spec)
+    click.echo(f"note: cost model calibrated by {path}", err=True)
+    return cost
 
 
 COLUMNS = ("#", "layout", "recompute", "params", "grads", "optim", "acts", "other", "total GiB", "bubble",
