@@ -18,6 +18,7 @@ class Plan:
     layout: Layout
     chosen: dict                              # the LAYOUT record of SPEC.md (layout + estimates)
     candidates: list = field(default_factory=list)  # LAYOUT records of the top candidates
+    cost_model: dict | None = None            # the calibrated cost-model terms, when not the defaults
 
     @property
     def world_size(self) -> int:
@@ -47,6 +48,8 @@ class Plan:
         """plan.json: the chosen LAYOUT and the top candidates (the shape of `orch plan --json`), plus
         notes on what a generated file cannot express."""
         record = {"chosen": self.chosen, "candidates": self.candidates}
+        if self.cost_model:
+            record["cost_model"] = self.cost_model
         if notes:
             record["notes"] = notes
         return record
@@ -59,7 +62,8 @@ def build_plan(spec: Spec, *, top_k: int = 5, cost=None) -> Plan:
     result = search(spec, top_k=top_k, cost=cost)
     layout = result.chosen.layout
     return Plan(spec=with_layout(spec, layout), layout=layout, chosen=result.chosen.to_dict(),
-                candidates=[c.to_dict() for c in result.candidates])
+                candidates=[c.to_dict() for c in result.candidates],
+                cost_model=cost.to_dict() if cost is not None else None)
 
 
 def with_layout(spec: Spec, layout: Layout) -> Spec:

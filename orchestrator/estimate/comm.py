@@ -97,6 +97,7 @@ class DataParallelComm:
     bytes: float            # sent per GPU per step
     time_s: float           # total time of the collectives
     exposed_s: float        # not hidden behind compute
+    reduce_s: float = 0.0   # the gradient reductions alone (all-reduce / reduce-scatter), no param gathers
 
 
 def data_parallel_comm(*, param_bytes: float, pl: Placement, zero_stage: int, num_microbatches: int,
@@ -114,14 +115,15 @@ def data_parallel_comm(*, param_bytes: float, pl: Placement, zero_stage: int, nu
     one = ring_bytes(param_bytes, n)
     hide_b, hide_f = overlap * backward_window_s, overlap * forward_window_s
     if zero_stage == 0:
-        return DataParallelComm(2 * one, 2 * rs, max(0.0, 2 * rs - hide_b))
+        return DataParallelComm(2 * one, 2 * rs, max(0.0, 2 * rs - hide_b), reduce_s=2 * rs)
     if zero_stage == 1:
-        return DataParallelComm(2 * one, 2 * rs, max(0.0, rs - hide_b) + rs)
+        return DataParallelComm(2 * one, 2 * rs, max(0.0, rs - hide_b) + rs, reduce_s=rs)
     if zero_stage == 2:
-        return DataParallelComm((m + 1) * one, (m + 1) * rs, m * max(0.0, rs - hide_b) + rs)
+        return DataParallelComm((m + 1) * one, (m + 1) * rs, m * max(0.0, rs - hide_b) + rs, reduce_s=m * rs)
     gathers_fwd = 2 if full_recompute else 1
     per_mb_exposed = max(0.0, rs - hide_f) + max(0.0, gathers_fwd * rs + rs - hide_b)
-    return DataParallelComm(m * (gathers_fwd + 2) * one, m * (gathers_fwd + 2) * rs, m * per_mb_exposed)
+    return DataParallelComm(m * (gathers_fwd + 2) * one, m * (gathers_fwd + 2) * rs, m * per_mb_exposed,
+                            reduce_s=m * rs)
 
 
 def tensor_parallel_layer_comm(*, tokens: int, hidden: int, pl: Placement, sp: bool, full_recompute: bool,
@@ -161,6 +163,7 @@ class CommEstimate:
     dp_exposed_s: float
     tp_exposed_s: float
     pp_exposed_s: float
+    dp_reduce_s: float = 0.0   # gradient reductions only: what telemetry's allreduce_time_s measures
 
     @property
     def exposed_s(self) -> float:
@@ -168,6 +171,7 @@ class CommEstimate:
 
     def to_dict(self) -> dict:
         d = {k: float(getattr(self, k)) for k in ("dp_bytes", "tp_bytes", "pp_bytes", "dp_s", "tp_s", "pp_s",
-                                                   "dp_exposed_s", "tp_exposed_s", "pp_exposed_s")}
+                                                   "dp_exposed_s", "tp_exposed_s", "pp_exposed_s",
+                                                   "dp_reduce_s")}
         d["exposed_s"] = float(self.exposed_s)
         return d

@@ -210,6 +210,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     tp_total = m * stage_layers * tp_s
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
+                        dp_reduce_s=dp_comm.reduce_s,
                         tp_exposed_s=(1 - cost.tp_overlap) * tp_total,
                         pp_exposed_s=m * x_exposed + emb_sync)
     fill = pipe - m * (slowest + x_exposed)

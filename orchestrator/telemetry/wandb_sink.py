@@ -65,13 +65,17 @@ def predicted_values(chosen: dict) -> dict:
     memory, comm = chosen.get("memory") or {}, chosen.get("comm") or {}
     if isinstance(memory.get("total_bytes"), (int, float)):
         out["predicted/mem_peak_bytes"] = memory["total_bytes"]
-    if isinstance(comm.get("dp_s"), (int, float)):
-        out["predicted/allreduce_time_s"] = comm["dp_s"]
+    # Measured allreduce_time_s / comm_exposed_s cover the data-parallel gradient reductions only, so the
+    # predictions that stand beside them are the reductions (no ZeRO parameter gathers) and the DP exposure.
+    reduce_s = comm.get("dp_reduce_s", comm.get("dp_s"))
+    if isinstance(reduce_s, (int, float)):
+        out["predicted/allreduce_time_s"] = reduce_s
         step = chosen.get("step_time_s")
         if isinstance(step, (int, float)) and step > 0:
-            out["predicted/allreduce_overhead"] = comm["dp_s"] / step
-    if isinstance(comm.get("exposed_s"), (int, float)):
-        out["predicted/comm_exposed_s"] = comm["exposed_s"]
+            out["predicted/allreduce_overhead"] = reduce_s / step
+    exposed = comm.get("dp_exposed_s", comm.get("exposed_s"))
+    if isinstance(exposed, (int, float)):
+        out["predicted/comm_exposed_s"] = exposed
     return out
 
 

@@ -18,6 +18,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_PREEMPTED = 75    # EX_TEMPFAIL (sysexits.h): checkpoint saved, run again to resume
+EXIT_INJECTED_FAULT = 3  # ORCH_FAULT_AT_STEP: a deliberate failure, for testing launchers
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 

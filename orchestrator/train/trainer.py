@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import OrchError, SpecError
 from . import checkpoint
-from .signals import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, StopRequest
+from .signals import EXIT_FAILED, EXIT_INJECTED_FAULT, EXIT_OK, EXIT_PREEMPTED, StopRequest
 
 INFO_FILE = "train_info.json"
 STATUS_FILE = "train_status.json"
@@ -131,6 +131,16 @@ def resume_step(run_dir, options: TrainOptions, engine, rank: int) -> int:
     return start
 
 
+def fail_if_injected(step: int, rank: int) -> None:
+    """Fault injection for testing launchers against a real failing rank: with ORCH_FAULT_AT_STEP=N (and
+    ORCH_FAULT_RANK=R, default 0) rank R exits with EXIT_INJECTED_FAULT when it reaches step N."""
+    at = os.environ.get("ORCH_FAULT_AT_STEP")
+    if at and int(at) == step and int(os.environ.get("ORCH_FAULT_RANK", "0")) == rank:
+        print(f"[orch-train] rank {rank}: injected fault at step {step} (ORCH_FAULT_AT_STEP={at}), "
+              f"exiting {EXIT_INJECTED_FAULT}", file=sys.stderr, flush=True)
+        os._exit(EXIT_INJECTED_FAULT)
+
+
 def train_loop(run_dir, options: TrainOptions, engine, session, rank: int) -> int:
     """Resume, run the steps, checkpoint; returns EXIT_OK or EXIT_PREEMPTED (all ranks agree)."""
     import torch.distributed as dist  # noqa: PLC0415
@@ -148,6 +158,7 @@ def train_loop(run_dir, options: TrainOptions, engine, session, rank: int) -> in
     code, step, saved = EXIT_OK, start, start
     try:
         for step in range(start + 1, last + 1):
+            fail_if_injected(step, rank)
             telemetry.begin()
             result = engine.train_step(step)
             _, stop_now = telemetry.end(step=step, loss=result.loss, lr=result.lr, grad_norm=result.grad_norm,
