@@ -63,24 +63,22 @@ def type_name(tp: Any) -> str:
     return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(tp, str(tp))
 
 
-def _article(noun: str) -> str:
+def article(noun: str) -> str:
+    """'a number', 'an integer'."""
     return ("an " if noun[:1] in "aeiou" else "a ") + noun
 
 
-def _describe(value: Any) -> str:
+def describe_value(value: Any, quote=repr) -> str:
+    """A value as an error message names it: 'boolean true', 'string 'x'', 'a mapping'."""
     if isinstance(value, bool):
         return f"boolean {str(value).lower()}"
     if isinstance(value, (int, float)):
         return f"number {value!r}"
     if isinstance(value, str):
-        return f"string {value!r}"
+        return f"string {quote(value)}"
     if value is None:
         return "null"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return type(value).__name__
+    return {dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
 
 
 def did_you_mean(word: str, choices: list[str]) -> str:
@@ -103,7 +101,7 @@ def parse(cls: type, data: Any, path: str, problems: list[Problem]) -> Any:
     type that breaks a bound or pattern is reported but kept, so later cross-field rules still run.
     """
     if not isinstance(data, dict):
-        problems.append(Problem(path, f"expected a mapping, got {_describe(data)}",
+        problems.append(Problem(path, f"expected a mapping, got {describe_value(data)}",
                                 f"write {path} as 'key: value' lines"))
         return None
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -136,7 +134,7 @@ def _parse_value(tp: Any, value: Any, path: str, problems: list[Problem], meta: 
     if value is None:
         if optional:
             return None
-        problems.append(Problem(path, f"must be {_article(type_name(tp))}, got null", "give a value or remove the key"))
+        problems.append(Problem(path, f"must be {article(type_name(tp))}, got null", "give a value or remove the key"))
         return _INVALID
     tp = inner
     if dataclasses.is_dataclass(tp):
@@ -149,11 +147,11 @@ def _parse_value(tp: Any, value: Any, path: str, problems: list[Problem], meta: 
             return value
         hint = did_you_mean(str(value), [str(a) for a in allowed]) if isinstance(value, str) else \
             "allowed: " + ", ".join(repr(a) for a in allowed)
-        problems.append(Problem(path, f"{_describe(value)} is not allowed", hint))
+        problems.append(Problem(path, f"{describe_value(value)} is not allowed", hint))
         return _INVALID
     if origin is list:
         if not isinstance(value, list):
-            problems.append(Problem(path, f"must be a list, got {_describe(value)}", "write [a, b, ...]"))
+            problems.append(Problem(path, f"must be a list, got {describe_value(value)}", "write [a, b, ...]"))
             return _INVALID
         item_tp = get_args(tp)[0]
         items = [_parse_value(item_tp, v, f"{path}[{i}]", problems, {}) for i, v in enumerate(value)]
@@ -169,7 +167,7 @@ def _parse_scalar(tp: Any, value: Any, path: str, problems: list[Problem], meta:
     if not ok:
         hint = {bool: "write true or false, unquoted", int: "write a whole number, unquoted",
                 float: "write a number, unquoted", str: "quote the value"}[tp]
-        problems.append(Problem(path, f"must be {_article(type_name(tp))}, got {_describe(value)}", hint))
+        problems.append(Problem(path, f"must be {article(type_name(tp))}, got {describe_value(value)}", hint))
         return _INVALID
     if tp is float:
         value = float(value)

@@ -24,7 +24,7 @@ import warnings
 from typing import Any
 
 from ..errors import Problem
-from ..typed import did_you_mean
+from ..typed import article, describe_value, did_you_mean
 from . import _deepspeed_keys_data as KEYS
 from ._ds_probe import (DeepSpeedProbeError, DeepSpeedUnavailable, ProbeRequest, ProbeResult,  # noqa: F401
                         deepspeed_installed, probe_ds_configs)
@@ -69,7 +69,7 @@ def check_ds_config(config: dict, *, world_size: int | None = None, model_parall
     divisibility that any dp needs is checked.
     """
     if not isinstance(config, dict):
-        return [Problem(path, f"must be a JSON object of DeepSpeed settings, got {_describe(config)}",
+        return [Problem(path, f"must be a JSON object of DeepSpeed settings, got {_describe_json(config)}",
                         'write {"train_batch_size": ..., ...}')]
     problems = check_top_level_keys(config, path) + check_section_keys(config, path)
     problems += check_value_types(config, path) + check_auto_leftovers(config, path)
@@ -116,7 +116,7 @@ def check_section_keys(config: dict, path: str) -> list[Problem]:
         if value is None:
             continue
         if not isinstance(value, dict):
-            problems.append(Problem(_at(path, section), f"must be a mapping, got {_describe(value)}",
+            problems.append(Problem(_at(path, section), f"must be a mapping, got {_describe_json(value)}",
                                     f'write "{section.rsplit(".", 1)[-1]}": {{...}}'))
             continue
         problems += _unknown_in_section(value, section, spec, path)
@@ -189,8 +189,8 @@ def _type_mismatch(value: Any, expected: str, where: str, path: str) -> Problem 
     if ok is None or (value is not None and ok(value)):
         return None
     if value is None:
-        return Problem(_at(path, where), f"must be {_article(expected)}, got null", "give a value or delete the key")
-    return Problem(_at(path, where), f"must be {_article(expected)}, got {_describe(value)}{_quoted_note(value)}",
+        return Problem(_at(path, where), f"must be {article(expected)}, got null", "give a value or delete the key")
+    return Problem(_at(path, where), f"must be {article(expected)}, got {_describe_json(value)}{_quoted_note(value)}",
                    _type_hint(value, expected))
 
 
@@ -366,7 +366,7 @@ def check_batch(config: dict, *, world_size: int | None, model_parallel_size: in
         if value is None or _is_auto(value):
             continue
         if not _is_whole(value) or isinstance(value, float) or value < 1:
-            problems.append(Problem(_at(path, key), f"must be a positive whole number, got {_describe(value)}"
+            problems.append(Problem(_at(path, key), f"must be a positive whole number, got {_describe_json(value)}"
                                     f"{_quoted_note(value)}", _type_hint(value, "integer") if isinstance(value, str)
                                     else "write a whole number >= 1, unquoted"))
         else:
@@ -434,20 +434,8 @@ def _fix_hint(values: dict[str, int], dp: int) -> str:
     return "set " + ", or ".join(options)
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return f"number {value!r}"
-    if isinstance(value, str):
-        return f"string {json.dumps(value)}"
-    if value is None:
-        return "null"
-    return {dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
-
-
-def _article(noun: str) -> str:
-    return ("an " if noun[:1] in "aeiou" else "a ") + noun
+def _describe_json(value: Any) -> str:
+    return describe_value(value, quote=json.dumps)
 
 
 # ----------------------------------------------------------------------------------------------------------
