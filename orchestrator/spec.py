@@ -22,6 +22,10 @@ from .typed import did_you_mean, dump, parse, spec_field
 SPEC_VERSION = 1
 NAME_PATTERN = r"[A-Za-z0-9._-]{1,64}"
 SLURM_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.,-]{0,127}"  # partitions, accounts, QOS: no shell syntax
+SLURM_DEPENDENCY_PATTERN = r"[a-z]+(:[0-9_+*]+)*([,?][a-z]+(:[0-9_+*]+)*)*"  # afterok:12:13,singleton
+SLURM_HOSTLIST_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.,\[\]-]{0,1023}"  # node[01-04],other
+_SBATCH_ARG = r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=%@/+*\[\]-]+)?"
+SBATCH_ARGS_PATTERN = rf"{_SBATCH_ARG}( {_SBATCH_ARG})*"  # --mem=0 --constraint=h100: no quotes, no shell syntax
 
 Precision = Literal["bf16", "fp16", "fp32"]
 Recompute = Literal["none", "selective", "full"]
@@ -141,6 +145,13 @@ class SlurmSpec:
     requeue: bool = spec_field(True, doc="requeue on preemption or node failure (--requeue)")
     cpus_per_task: Optional[int] = spec_field(None, doc="CPUs per task (--cpus-per-task)", minimum=1)
     signal_before_end_s: int = spec_field(120, doc="USR1 this many seconds before the time limit", minimum=0)
+    dependency: Optional[str] = spec_field(None, doc="start after other jobs (--dependency), e.g. afterok:1234",
+                                           pattern=SLURM_DEPENDENCY_PATTERN)
+    nodelist: Optional[str] = spec_field(None, doc="run on these nodes (--nodelist), e.g. gpu[01-04]",
+                                         pattern=SLURM_HOSTLIST_PATTERN)
+    extra_args: Optional[str] = spec_field(None, doc="more sbatch options, space-separated, e.g. '--mem=0 "
+                                           "--constraint=h100' (written last: they win)",
+                                           pattern=SBATCH_ARGS_PATTERN)
 
 
 @dataclass(frozen=True, kw_only=True)

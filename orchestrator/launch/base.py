@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import OrchError
+from ..render.scripts import SECRET_ENV  # noqa: F401  (credentials: environment only, never written)
 
 JOB_RECORD = "job.json"
 LOG_DIR = "logs"
-SECRET_ENV = ("WANDB_API_KEY",)
 
 
 class JobState(enum.Enum):
@@ -27,6 +27,7 @@ class JobState(enum.Enum):
 
     PENDING = "PENDING"
     RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -39,23 +40,38 @@ class JobState(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED, JobState.UNKNOWN)
+        return self not in (JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED, JobState.REQUEUED,
+                            JobState.UNKNOWN)
+
+
+class LaunchFailed(OrchError):
+    """The job ran and failed; exit_code is the child's."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Exactly what a backend will run: argv in cwd with env added to the caller's environment."""
+    """Exactly what a backend will run: argv in cwd with env added to the caller's environment.
+
+    ``preview`` is shown after the command by ``--dry-run``: what that command runs in turn (the batch
+    script a scheduler receives, the pdsh command line), so the dry run shows everything that would run.
+    """
 
     backend: str
     argv: list[str]
     cwd: Path
     env: dict[str, str] = field(default_factory=dict)
+    preview: str = ""
 
     def describe(self) -> str:
-        """Shell-pasteable form: cd, the added environment (secrets masked) and the command."""
+        """Shell-pasteable form: cd, the added environment (secrets masked), the command, the preview."""
         env = " ".join(f"{k}={shlex.quote('***' if k in SECRET_ENV else v)}" for k, v in sorted(self.env.items()))
         cmd = " ".join(shlex.quote(a) for a in self.argv)
-        return f"cd {shlex.quote(str(self.cwd))} && {env + ' ' if env else ''}{cmd}"
+        line = f"cd {shlex.quote(str(self.cwd))} && {env + ' ' if env else ''}{cmd}"
+        return f"{line}\n{self.preview.rstrip()}" if self.preview else line
 
 
 @dataclass
@@ -112,6 +128,14 @@ class CommandRunner:
         finally:
             if out:
                 out.close()
+
+    def start_piped(self, argv: list[str], *, cwd: Path | None = None, env: dict | None = None) -> subprocess.Popen:
+        """Start argv with stdout and stderr together on a text pipe (for a supervisor that reads it)."""
+        try:
+            return subprocess.Popen(argv, cwd=cwd, env=_merged(env), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+        except FileNotFoundError:
+            raise OrchError(f"`{argv[0]}` is not installed or not on PATH") from None
 
 
 def _merged(env: dict | None) -> dict | None:

@@ -12,19 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import OrchError
 from ..rundir import RunDir
-from .base import LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, tail_lines, torchrun_failure
+from .base import (LOG_DIR, CommandRunner, JobRecord, JobState, LaunchFailed, LaunchPlan,  # noqa: F401
+                   tail_lines, torchrun_failure)
 
 EXIT_CODE_FILE = "exitcode"
-
-
-class LaunchFailed(OrchError):
-    """The job ran and failed; exit_code is the child's."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def free_port() -> int:

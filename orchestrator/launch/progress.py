@@ -25,23 +25,57 @@ def format_progress(record: dict, train_iters: int | None = None) -> str:
 
 
 def follow(path: Path, done: Callable[[], bool], *, poll_s: float = 0.5, offset: int = 0) -> Iterator[dict]:
-    """Yield metrics records appended to ``path`` after byte ``offset`` until ``done()``, then the rest."""
-    partial = ""
+    """Yield metrics records appended to ``path`` after byte ``offset`` until ``done()``, then the rest.
+
+    A resumed (e.g. requeued) trainer rewrites the file without the records after its checkpoint and
+    appends again: when the file is replaced or shrinks, reading restarts at its beginning and skips the
+    records already seen (a record is its step and time, so a re-run step shows again).
+    """
+    partial, seen, inode = "", _records_before(path, offset), _inode_size(path)[0]
     while True:
         finished = done()
         if path.is_file():
+            now, size = _inode_size(path)
+            if now != inode or size < offset:
+                inode, offset, partial = now, 0, ""
             with open(path) as f:
                 f.seek(offset)
                 chunk = f.read()
                 offset = f.tell()
             lines = (partial + chunk).split("\n")
             partial = lines.pop()
-            for line in lines:
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
+            for record in _parse(lines):
+                key = (record.get("step"), record.get("time_unix"))
+                if key not in seen:
+                    seen.add(key)
+                    yield record
         if finished:
             return
         time.sleep(poll_s)
+
+
+def _inode_size(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0)
+    return (st.st_ino, st.st_size)
+
+
+def _records_before(path: Path, offset: int) -> set:
+    if not offset or not path.is_file():
+        return set()
+    with open(path) as f:
+        head = f.read(offset)
+    return {(r.get("step"), r.get("time_unix")) for r in _parse(head.split("\n"))}
+
+
+def _parse(lines: list[str]) -> Iterator[dict]:
+    for line in lines:
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                yield record

@@ -7,8 +7,7 @@ from typing import Callable
 
 from ..rundir import read_run_dir
 from . import backend_module
-from .base import CommandRunner, JobRecord, JobState
-from .local import LaunchFailed
+from .base import CommandRunner, JobRecord, JobState, LaunchFailed
 from .progress import METRICS, follow, format_progress
 
 
@@ -43,7 +42,9 @@ def wait_for(module, record: JobRecord, runner: CommandRunner, *, metrics: Path,
 
     def done() -> bool:
         nonlocal state
-        state = module.status(record, runner)
+        previous, state = state, module.status(record, runner)
+        if previous is not JobState.UNKNOWN and state is not previous and not state.finished:
+            note(f"job {record.job_id} {state.value}")   # e.g. requeued: PENDING, then RUNNING again
         if deadline and time.monotonic() > deadline and not state.finished:
             module.cancel(record, runner)
             raise LaunchFailed(f"job {record.job_id} still {state.value} after {timeout_s:.0f} s; cancelled it", 1)

@@ -12,6 +12,9 @@ from .. import __version__
 from ..plan import Plan
 from ..resources import data_dir
 
+# Credentials: passed through the environment only, never rendered, masked in --dry-run (launch.base).
+SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
 
 @lru_cache(maxsize=1)
 def _env():
@@ -52,51 +55,99 @@ def render_local(plan: Plan) -> str:
                    master_port=plan.spec.launch.master_port)
 
 
+# --- SLURM ---------------------------------------------------------------------------------------------
+
+SLURM_OUTPUT = "logs/slurm-%j.out"          # per job; sweeps (arrays) use ARRAY_OUTPUT (%A job, %a task)
+SLURM_ERROR = "logs/slurm-%j.err"
+ARRAY_OUTPUT = "logs/slurm-%A_%a.out"
+ARRAY_ERROR = "logs/slurm-%A_%a.err"
+# torchrun forwards these to the ranks; the trainer checkpoints and stops on USR1 and TERM.
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+
 def sbatch_directives(plan: Plan) -> list[str]:
-    """The #SBATCH lines, in a fixed order, every value quoted."""
+    """The #SBATCH lines, in a fixed order, every value quoted. ``extra_args`` come last (they win)."""
     s = plan.spec.launch.slurm
     q = shlex.quote
-    lines = [f"--job-name={q(plan.spec.name)}", f"--nodes={plan.num_nodes}", "--ntasks-per-node=1",
-             f"--time={q(s.time)}", "--output=logs/slurm-%j.out", "--error=logs/slurm-%j.out",
-             "--open-mode=append"]
+    lines = [f"--job-name={q(plan.spec.name)}", f"--nodes={plan.num_nodes}", "--ntasks-per-node=1"]
     if plan.spec.cluster.gpu != "cpu":
         lines.append(f"--gpus-per-node={plan.procs_per_node}")
     if s.cpus_per_task:
         lines.append(f"--cpus-per-task={s.cpus_per_task}")
-    for flag, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos)):
+    lines.append(f"--time={q(s.time)}")
+    for flag, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
+                        ("nodelist", s.nodelist), ("dependency", s.dependency)):
         if value:
             lines.append(f"--{flag}={q(value)}")
     if s.exclusive:
         lines.append("--exclusive")
-    if s.requeue:
-        lines.append("--requeue")
+    lines.append("--requeue" if s.requeue else "--no-requeue")
     if s.signal_before_end_s:
         lines.append(f"--signal=B:USR1@{s.signal_before_end_s}")
+    lines += [f"--output={SLURM_OUTPUT}", f"--error={SLURM_ERROR}", "--open-mode=append"]
+    lines += [q(arg) for arg in (s.extra_args or "").split()]
     return [f"#SBATCH {line}" for line in lines]
 
 
+def _sbatch_on_stop(plan: Plan) -> list[str]:
+    """What the batch script does once every rank checkpointed after SIGUSR1."""
+    if plan.spec.launch.slurm.requeue:
+        return ['  echo "orch: every rank saved a checkpoint; requeueing job $SLURM_JOB_ID, which resumes from it" >&2',
+                '  if scontrol requeue "$SLURM_JOB_ID"; then exit 0; fi',
+                '  echo "orch: scontrol requeue failed: resubmit to resume from the checkpoint" >&2']
+    return ['  echo "orch: every rank saved a checkpoint; launch.slurm.requeue is false: resubmit to resume" >&2']
+
+
 def render_sbatch(plan: Plan) -> str:
+    s = plan.spec.launch.slurm
+    signal_note = (f"sent {s.signal_before_end_s} s before the time limit" if s.signal_before_end_s
+                   else "e.g. scancel --batch --signal=USR1 JOBID")
     return _render("slurm.sbatch.j2", header=header(plan), sbatch_lines=sbatch_directives(plan),
                    env_lines=_export_lines(plan), procs_per_node=plan.procs_per_node,
-                   master_port=plan.spec.launch.master_port)
+                   torchrun_signals=TORCHRUN_SIGNALS, signal_note=signal_note, on_stop_lines=_sbatch_on_stop(plan))
 
 
-def pdsh_hosts(plan: Plan) -> list[str]:
-    """The pdsh/hostfile host list; a single-node spec without hosts runs on localhost."""
-    return list(plan.spec.launch.pdsh.hosts) or ["localhost"]
+# --- pdsh ----------------------------------------------------------------------------------------------
+
+# The caller's variables that reach the remote ranks (names or NAME* prefixes); their values go on the
+# remote command line, so names that look like credentials never do (SECRET_ENV travels through ssh's
+# SendEnv, which needs `AcceptEnv` for them in the hosts' sshd_config).
+PDSH_FORWARD_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH", "TORCH_*", "NCCL_*", "GLOO_*", "DS_*", "OMP_*", "CUDA_*",
+                    "HF_*", "WANDB_*", "ORCH_FAULT_*")
+PDSH_NEVER_FORWARD = ("*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*CREDENTIAL*")
+
+
+def pdsh_hosts(spec) -> list[str]:
+    """The pdsh/hostfile host list of a spec; a single-node spec without hosts runs on localhost."""
+    return list(spec.launch.pdsh.hosts) or ["localhost"]
+
+
+def pdsh_ssh_options(ssh_port: int) -> str:
+    """ssh options pdsh appends to every connection (the port, no prompts, secrets by name only)."""
+    send = " ".join(f"-o SendEnv={name}" for name in SECRET_ENV)
+    return f"-p {ssh_port} -o BatchMode=yes {send}"
+
+
+def _pdsh_remote_quote(value: str) -> str:
+    """A constant for the remote shell: single-quoted, with % doubled (pdsh expands %h, %n, ...)."""
+    return shlex.quote(value).replace("%", "%%")
 
 
 def render_pdsh(plan: Plan) -> str:
     p = plan.spec.launch.pdsh
-    hosts = pdsh_hosts(plan)
-    remote_env = [f"{k}={shlex.quote(v)}" for k, v in env_assignments(plan).items()]
+    hosts = pdsh_hosts(plan.spec)
+    remote_env = shlex.quote(" ".join(f"{k}={_pdsh_remote_quote(v)}" for k, v in env_assignments(plan).items()))
+    forward = "|".join(PDSH_FORWARD_ENV)
     return _render("pdsh.sh.j2", header=header(plan), hosts=shlex.quote(",".join(hosts)),
                    master_addr=shlex.quote(hosts[0]), master_port=plan.spec.launch.master_port,
-                   ssh_port=p.ssh_port, fanout=p.fanout, remote_env=remote_env,
-                   num_nodes=plan.num_nodes, procs_per_node=plan.procs_per_node)
+                   ssh_options=shlex.quote(pdsh_ssh_options(p.ssh_port)), fanout=p.fanout,
+                   remote_env=remote_env, forward_patterns=forward,
+                   secret_patterns="|".join((*SECRET_ENV, *PDSH_NEVER_FORWARD)),
+                   num_nodes=plan.num_nodes, procs_per_node=plan.procs_per_node,
+                   torchrun_signals=TORCHRUN_SIGNALS)
 
 
 def render_hostfile(plan: Plan) -> str:
     """DeepSpeed-style hostfile: one 'host slots=N' line per node."""
-    lines = [f"{host} slots={plan.procs_per_node}" for host in pdsh_hosts(plan)]
+    lines = [f"{host} slots={plan.procs_per_node}" for host in pdsh_hosts(plan.spec)]
     return _render("hostfile.j2", header=header(plan), host_lines=lines)

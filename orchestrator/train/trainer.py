@@ -195,7 +195,8 @@ def _write_info(run_dir, engine, session, start: int, rank: int) -> None:
     import torch.distributed as dist  # noqa: PLC0415
 
     ranks = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, {"rank": rank, **engine.info()})
+    where = {"host": socket.gethostname(), "slurm_node": os.environ.get("SLURMD_NODENAME")}
+    dist.all_gather_object(ranks, {"rank": rank, **where, **engine.info()})
     if rank != 0:
         return
     from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
