@@ -44,6 +44,7 @@ MEDIAN_KEYS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_f
 PREDICTED_KEYS = MEDIAN_KEYS + ("mem_peak_bytes",)
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "dp", "zero_stage", "micro_batch_size", "num_microbatches",
                  "sequence_parallel", "recompute", "offload")
+SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers")   # in a layout record only when set (uneven split)
 COMPONENTS = ("compute_s", "bubble_s", "exposed_comm_s", "other_s")
 WARMUP_RULE = (f"the first {WARMUP_STEPS} steps of each run are warm-up (first collectives, buffers, "
                "optimizer states, allocator growth) and left out; a run keeps at least half of its steps")
@@ -154,7 +155,8 @@ class RunComparison:
     def layout_record(self) -> dict:
         lay = self.run.layout
         m = self.run.spec.training.global_batch_size // (lay.micro_batch_size * lay.dp)
-        return {f: m if f == "num_microbatches" else getattr(lay, f) for f in LAYOUT_FIELDS}
+        record = {f: m if f == "num_microbatches" else getattr(lay, f) for f in LAYOUT_FIELDS}
+        return record | {f: getattr(lay, f) for f in SPLIT_FIELDS if getattr(lay, f) is not None}
 
     def to_dict(self) -> dict:
         spec, records = self.run.spec, self.records
@@ -198,8 +200,8 @@ def run_labels(runs: list[MeasuredRun]) -> list[str]:
 def diff_runs(runs: list[RunComparison]) -> dict:
     """The layout fields and resolved-spec fields (dotted paths) whose values differ between the runs."""
     layouts = [r.layout_record() for r in runs]
-    layout = [{"field": f, "values": [lay[f] for lay in layouts]} for f in LAYOUT_FIELDS
-              if len({repr(lay[f]) for lay in layouts}) > 1]
+    layout = [{"field": f, "values": [lay.get(f) for lay in layouts]} for f in LAYOUT_FIELDS + SPLIT_FIELDS
+              if len({repr(lay.get(f)) for lay in layouts}) > 1]
     flat = [flatten(spec_to_data(r.run.spec)) for r in runs]
     paths = sorted(set().union(*flat)) if flat else []
     spec = [{"path": p, "values": [f.get(p) for f in flat]} for p in paths

@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 from .errors import Problem, SpecError
 from .spec import Spec
+from .stages import SplitIssue, StageSplit, even_split_issue, split_issues, stage_split
 
 P = "parallelism"
 
@@ -32,13 +33,22 @@ class Layout:
     sequence_parallel: Optional[bool] = None
     recompute: Optional[str] = None
     offload: Optional[str] = None
+    # Uneven pipeline split (Megatron's --decoder-first/last-pipeline-num-layers): None = the middle
+    # stages' equal share, both None = the even split. Never "open": None is a complete value here.
+    first_stage_layers: Optional[int] = None
+    last_stage_layers: Optional[int] = None
 
     @property
     def is_complete(self) -> bool:
-        return all(getattr(self, f.name) is not None for f in dataclasses.fields(self))
+        return not self.open_fields()
 
     def open_fields(self) -> list[str]:
-        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
+        return [f.name for f in dataclasses.fields(self)
+                if f.name not in SPLIT_FIELDS and getattr(self, f.name) is None]
+
+    @property
+    def is_uneven(self) -> bool:
+        return self.first_stage_layers is not None or self.last_stage_layers is not None
 
     @property
     def model_parallel_size(self) -> int:
@@ -47,14 +57,19 @@ class Layout:
     def tag(self) -> str:
         """Short name used for W&B tags and tables: tp8-pp4-dp2-z1-mb1."""
         vpp = f"-v{self.vpp}" if self.vpp and self.vpp > 1 else ""
-        return f"tp{self.tp}-pp{self.pp}{vpp}-dp{self.dp}-z{self.zero_stage}-mb{self.micro_batch_size}"
+        split = f"-f{self.first_stage_layers or ''}l{self.last_stage_layers or ''}" if self.is_uneven else ""
+        return f"tp{self.tp}-pp{self.pp}{vpp}{split}-dp{self.dp}-z{self.zero_stage}-mb{self.micro_batch_size}"
+
+
+SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers")
 
 
 # Spec field (dotted path) for each layout field, so problems name what the user writes.
 FIELD_PATHS = {"tp": f"{P}.tensor", "pp": f"{P}.pipeline", "vpp": f"{P}.virtual_pipeline", "dp": f"{P}.data",
                "zero_stage": f"{P}.zero_stage", "micro_batch_size": f"{P}.micro_batch_size",
                "sequence_parallel": f"{P}.sequence_parallel", "recompute": f"{P}.recompute",
-               "offload": f"{P}.offload"}
+               "offload": f"{P}.offload", "first_stage_layers": f"{P}.first_stage_layers",
+               "last_stage_layers": f"{P}.last_stage_layers"}
 
 
 def layout_from_spec(spec: Spec) -> Layout:
@@ -65,7 +80,13 @@ def layout_from_spec(spec: Spec) -> Layout:
         dp = spec.world_size // (p.tensor * p.pipeline)
     return Layout(tp=p.tensor, pp=p.pipeline, vpp=p.virtual_pipeline, dp=dp, zero_stage=p.zero_stage,
                   micro_batch_size=p.micro_batch_size, sequence_parallel=p.sequence_parallel,
-                  recompute=p.recompute, offload=p.offload)
+                  recompute=p.recompute, offload=p.offload, first_stage_layers=p.first_stage_layers,
+                  last_stage_layers=p.last_stage_layers)
+
+
+def layout_split(num_layers: int, layout: Layout) -> StageSplit:
+    """Layers per pipeline stage of a complete layout that passed the rules."""
+    return stage_split(num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
 
 
 def grad_accum_steps(spec: Spec, layout: Layout) -> int:
@@ -141,15 +162,36 @@ def rule_groups_tp(spec: Spec, lay: Layout) -> Problem | None:
 
 
 def rule_layers_pp(spec: Spec, lay: Layout) -> Problem | None:
+    """Even split (neither stage count given): num_layers % pp, then % (pp * vpp) with interleaving."""
     n = spec.model.num_layers
-    if _known(lay.pp) and n % lay.pp:
-        return Problem(FIELD_PATHS["pp"], f"num_layers({n}) % pp({lay.pp}) = {n % lay.pp}, must be 0",
-                       "use a pipeline degree that divides the layer count")
-    if _known(lay.pp, lay.vpp) and lay.vpp > 1 and n % (lay.pp * lay.vpp):
+    if not _known(lay.pp) or lay.is_uneven:
+        return None
+    issue = even_split_issue(n, lay.pp)
+    if issue is not None:
+        return _split_problem(issue)
+    if _known(lay.vpp) and lay.vpp > 1 and n % (lay.pp * lay.vpp):
         return Problem(FIELD_PATHS["vpp"], f"num_layers({n}) % (pp({lay.pp}) * vpp({lay.vpp}) = "
                        f"{lay.pp * lay.vpp}) = {n % (lay.pp * lay.vpp)}, must be 0",
                        "use a virtual pipeline size that splits each stage's layers evenly")
     return None
+
+
+_SPLIT_PATHS = {"first": FIELD_PATHS["first_stage_layers"], "last": FIELD_PATHS["last_stage_layers"],
+                "pp": FIELD_PATHS["pp"], "vpp": FIELD_PATHS["vpp"]}
+
+
+def _split_problem(issue: SplitIssue) -> Problem:
+    return Problem(_SPLIT_PATHS[issue.field], issue.message, issue.hint)
+
+
+def rule_stage_layers(spec: Spec, lay: Layout) -> Problem | None:
+    """Uneven split (first_stage_layers / last_stage_layers given): Megatron-LM's rules (see stages.py),
+    the first that fails. Needs pp known; the vpp part waits for vpp."""
+    if not lay.is_uneven or not _known(lay.pp):
+        return None
+    issues = split_issues(spec.model.num_layers, lay.pp, lay.vpp if _known(lay.vpp) else 1,
+                          lay.first_stage_layers, lay.last_stage_layers)
+    return _split_problem(issues[0]) if issues else None
 
 
 def rule_vpp_needs_pp(spec: Spec, lay: Layout) -> Problem | None:
@@ -253,7 +295,8 @@ def rule_pdsh_hosts(spec: Spec, lay: Layout) -> Problem | None:
 
 MODEL_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_hidden_heads, rule_groups_heads]
 LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
-    rule_world_size, rule_heads_tp, rule_groups_tp, rule_layers_pp, rule_pipeline_depth, rule_vpp_needs_pp,
+    rule_world_size, rule_heads_tp, rule_groups_tp, rule_layers_pp, rule_stage_layers, rule_pipeline_depth,
+    rule_vpp_needs_pp,
     rule_batch, rule_vpp_microbatches, rule_sequence_parallel, rule_pipeline_zero, rule_offload,
 ]
 SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_cpu_precision, rule_data, rule_pdsh_hosts]
@@ -284,7 +327,8 @@ def check_spec(spec: Spec) -> list[Problem]:
 
 def _positive_degrees(spec: Spec) -> bool:
     p = spec.parallelism
-    degrees = (p.tensor, p.pipeline, p.virtual_pipeline, p.data, p.micro_batch_size)
+    degrees = (p.tensor, p.pipeline, p.virtual_pipeline, p.data, p.micro_batch_size, p.first_stage_layers,
+               p.last_stage_layers)
     return all(d is None or d >= 1 for d in degrees) and spec.world_size >= 1
 
 

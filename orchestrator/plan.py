@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .layout import Layout, grad_accum_steps, padded_vocab_size
+from .layout import Layout, grad_accum_steps, layout_split, padded_vocab_size
 from .spec import ParallelismSpec, Spec, spec_sha256
+from .stages import StageSplit
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,11 @@ class Plan:
     @property
     def grad_accum_steps(self) -> int:
         return grad_accum_steps(self.spec, self.layout)
+
+    @property
+    def stage_split(self) -> StageSplit:
+        """Transformer layers on each pipeline stage (even, or the uneven first/last split)."""
+        return layout_split(self.spec.model.num_layers, self.layout)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -71,5 +77,6 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
     return dataclasses.replace(spec, parallelism=ParallelismSpec(
         tensor=layout.tp, pipeline=layout.pp, virtual_pipeline=layout.vpp, data=layout.dp,
         zero_stage=layout.zero_stage, micro_batch_size=layout.micro_batch_size,
-        sequence_parallel=layout.sequence_parallel, recompute=layout.recompute, offload=layout.offload))
+        sequence_parallel=layout.sequence_parallel, recompute=layout.recompute, offload=layout.offload,
+        first_stage_layers=layout.first_stage_layers, last_stage_layers=layout.last_stage_layers))
 

@@ -2,9 +2,14 @@
 
 ``search(spec, top_k=5, cost=None) -> SearchResult``. Fields the spec fixes are not searched. The open
 ones range over: tp = divisors of gpus_per_node that divide the head and KV-group counts (tensor
-parallelism stays inside a node); pp = divisors of num_layers that divide world / tp; dp = world / (tp*pp);
-micro-batch = divisors of global_batch / dp; vpp = 1, or divisors of the per-stage layer count when
-pp > 2 and the micro-batch count is a multiple of pp; sequence parallel when tp > 1; recompute none /
+parallelism stays inside a node); pp = divisors of world / tp up to num_layers: those that divide
+num_layers split evenly, the others take the balanced uneven split (:func:`orchestrator.stages.balanced_split`:
+first and last stage lighter, middle stages equal; Llama 3 405B and BLOOM-176B ran such splits) and are
+skipped when it does not exist; first_stage_layers / last_stage_layers given in the spec are kept for
+every pp. dp = world / (tp*pp); micro-batch = divisors of global_batch / dp; vpp = 1, or (pp > 2 and
+the micro-batch count a multiple of pp) the divisors of the per-stage layer count, with an uneven split
+those v for which every stage's count divides by v (the balanced split is recomputed per v); sequence
+parallel when tp > 1; recompute none /
 selective / full (selective is the same as none with flash attention, so it is skipped there); ZeRO 0-3
 (0-1 with pp > 1, 0 when dp = 1); offload none / optimizer (ZeRO >= 1) / optimizer+params (ZeRO-3), only
 with pp = 1. A layout fits when its busiest GPU needs at most (1 - CostModel.hbm_headroom) of HBM and what
@@ -18,6 +23,7 @@ recompute) and activation memory per stage are cached; the step time of a layout
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -27,6 +33,7 @@ from .estimate.cost import CostModel
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
 from .layout import FIELD_PATHS, Layout, check_layout, layout_from_spec
 from .spec import ParallelismSpec, Spec
+from .stages import balanced_split, split_issues, stage_split
 
 GiB = 2**30
 RECOMPUTE = ("none", "selective", "full")
@@ -113,8 +120,8 @@ def _candidates(spec: Spec) -> Iterator[Layout]:
     world, m = spec.world_size, spec.model
     batch = spec.training.global_batch_size
     for tp in _tp_options(spec, fixed):
-        for pp in _opt(fixed.pp, [p for p in divisors(m.num_layers) if world % (tp * p) == 0]):
-            if world % (tp * pp) or m.num_layers % pp:
+        for pp in _opt(fixed.pp, _pp_options(m.num_layers, world, tp, fixed)):
+            if world % (tp * pp):
                 continue
             dp = world // (tp * pp)
             if (fixed.dp is not None and fixed.dp != dp) or batch % dp:
@@ -126,7 +133,11 @@ def _candidates(spec: Spec) -> Iterator[Layout]:
 
 
 def _inner(spec: Spec, fixed: Layout, tp: int, pp: int, dp: int, mb: int, num_mb: int) -> Iterator[Layout]:
-    for vpp in _opt(fixed.vpp, _vpp_options(spec.model.num_layers, pp, num_mb)):
+    n = spec.model.num_layers
+    for vpp in _opt(fixed.vpp, _vpp_options(n, pp, num_mb, fixed)):
+        split = _split_for(n, pp, vpp, fixed)
+        if split is None:
+            continue
         for sp in _opt(fixed.sequence_parallel, [False, True] if tp > 1 and spec.model.seq_length % tp == 0
                        else [False]):
             recomputes = [r for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
@@ -134,7 +145,8 @@ def _inner(spec: Spec, fixed: Layout, tp: int, pp: int, dp: int, mb: int, num_mb
                 for zero in _opt(fixed.zero_stage, _zero_options(pp, dp)):
                     for off in _opt(fixed.offload, _offload_options(pp, zero)):
                         yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
-                                     sequence_parallel=sp, recompute=rec, offload=off)
+                                     sequence_parallel=sp, recompute=rec, offload=off,
+                                     first_stage_layers=split[0], last_stage_layers=split[1])
 
 
 def _opt(fixed, options: list) -> list:
@@ -149,10 +161,34 @@ def _tp_options(spec: Spec, fixed: Layout) -> list[int]:
             if m.num_attention_heads % t == 0 and m.num_query_groups % t == 0 and spec.world_size % t == 0]
 
 
-def _vpp_options(num_layers: int, pp: int, num_mb: int) -> list[int]:
+def _pp_options(num_layers: int, world: int, tp: int, fixed: Layout) -> list[int]:
+    """Pipeline degrees that fit the world: even splits, and uneven ones the spec gives or that balance."""
+    return [p for p in divisors(world) if world % (tp * p) == 0 and p <= num_layers
+            and (num_layers % p == 0 or fixed.is_uneven or balanced_split(num_layers, p) is not None)]
+
+
+def _split_for(num_layers: int, pp: int, vpp: int, fixed: Layout) -> tuple | None:
+    """(first_stage_layers, last_stage_layers) for a candidate: the spec's, (None, None) for the even
+    split, or the balanced uneven one for this vpp; None when there is none."""
+    if fixed.is_uneven:
+        return fixed.first_stage_layers, fixed.last_stage_layers
+    if num_layers % pp == 0:
+        return None, None
+    return balanced_split(num_layers, pp, vpp)
+
+
+def _vpp_options(num_layers: int, pp: int, num_mb: int, fixed: Layout | None = None) -> list[int]:
     if pp <= 2 or num_mb % pp:
         return [1]
-    return divisors(num_layers // pp)
+    if fixed is not None and fixed.is_uneven:
+        first, last = fixed.first_stage_layers, fixed.last_stage_layers
+        if split_issues(num_layers, pp, 1, first, last):
+            return [1]     # the rules reject this pp whatever the vpp
+        split = stage_split(num_layers, pp, first, last)
+        return divisors(math.gcd(split.first, split.middle, split.last))
+    if num_layers % pp == 0:
+        return divisors(num_layers // pp)
+    return [v for v in divisors(num_layers) if balanced_split(num_layers, pp, v) is not None]
 
 
 def _zero_options(pp: int, dp: int) -> list[int]:
@@ -182,7 +218,9 @@ def _gib(nbytes: float) -> str:
 
 def describe(est: LayoutEstimate) -> str:
     lay = est.layout
-    extras = [f"v{lay.vpp}" if lay.vpp > 1 else "", "sp" if lay.sequence_parallel else "",
+    split = [f"{end} stage {count} layers" for end, count in (("first", lay.first_stage_layers),
+                                                              ("last", lay.last_stage_layers)) if count is not None]
+    extras = [f"v{lay.vpp}" if lay.vpp > 1 else "", *split, "sp" if lay.sequence_parallel else "",
               f"recompute={lay.recompute}", f"offload={lay.offload}" if lay.offload != "none" else ""]
     return f"{lay.tag()} ({', '.join(e for e in extras if e)})"
 
@@ -264,7 +302,7 @@ def _no_fit(spec: Spec, ctx: EstimateContext, scored: list[_Scored]) -> NoFitErr
 def _fit_hints(spec: Spec, ctx: EstimateContext, closest: Layout) -> str:
     hints = []
     fixed = layout_from_spec(spec)
-    if fixed.open_fields() != [f.name for f in dataclasses.fields(Layout)] and _fits_with(spec, ctx, open_all=True):
+    if fixed != Layout() and _fits_with(spec, ctx, open_all=True):
         hints.append(f"leave the parallelism fields open ({_fixed_fields(spec)} are fixed)")
     for name, value in (("recompute", "full"), ("micro_batch_size", 1)):
         if getattr(closest, name) != value:

@@ -8,7 +8,11 @@ interleaving degree), for the planner to choose.
 
 Narayanan et al. 2021, Table 1 runs are modelled as the software of the time ran them: Megatron-LM with
 fp16 mixed precision, no fused (flash) attention, no sequence parallelism, full activation recomputation,
-no ZeRO (plain data parallelism).
+no ZeRO (plain data parallelism). A case may say ``"precision"`` in its published layout (default fp16).
+
+Where a case's layer count does not divide its pipeline degree, the spec gets the balanced uneven split
+(:func:`orchestrator.stages.balanced_split`: first and last stage lighter, middle stages equal), which is
+what such runs used (BLOOM-176B: 70 layers on 12 stages as 5 + 10 x 6 + 5).
 """
 from __future__ import annotations
 
@@ -16,12 +20,32 @@ import json
 from pathlib import Path
 
 from .spec import Spec, parse_spec
+from .stages import balanced_split
 
 # Micro-batch sizes tried for a published layout that does not state one: the powers of two the paper's
 # own micro-batch study explores (Narayanan et al. 2021, section 5.4.2).
 PLAUSIBLE_MICRO_BATCHES = (1, 2, 4, 8)
 
 GPU_KEYS = {"A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb", "H100-SXM5-80GB": "h100-sxm"}
+
+
+# Published runs that are not in the reference file, in its format. Printed beside Table 1 by
+# benchmarks/accuracy.py; no tolerance is attached to them.
+BLOOM_176B = {
+    "id": "bloom_176b", "kind": "throughput",
+    "source": "BigScience Workshop 2022, BLOOM (arXiv 2211.05100), section 3.4 (training setup: 48 nodes of "
+              "8 A100-80GB, tp 4, pp 12, dp 8, ZeRO-1, bf16, ~150 TFLOP/s per GPU); model card (70 layers, "
+              "h 14336, 112 heads, vocab 250880, seq 2048, global batch 2048)",
+    "model": {"layers": 70, "hidden": 14336, "heads": 112, "seq_len": 2048, "vocab": 250880},
+    "cluster": {"gpus": 384, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8},
+    "global_batch": 2048,
+    "published": {"tp": 4, "pp": 12, "dp": 8, "micro_batch": 2, "zero_stage": 1, "recompute": "full",
+                  "precision": "bf16", "tflops_per_gpu": 150},
+    "notes": "Megatron-DeepSpeed; ALiBi positions (modelled as learned: s*h parameters, no FLOPs); the 70 "
+             "layers on 12 stages are not even: the embedding and the tied output layer each count as one "
+             "layer in its partition (5 + 10 x 6 + 5)",
+}
+EXTRA_CASES = (BLOOM_176B,)
 
 
 def load_cases(path: str | Path, kind: str | None = None) -> list[dict]:
@@ -39,7 +63,7 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
         "model": {"num_layers": m["layers"], "hidden_size": m["hidden"], "num_attention_heads": m["heads"],
                   "vocab_size": m["vocab"], "seq_length": m["seq_len"], "flash_attention": False},
         "cluster": {"gpu": GPU_KEYS[c["gpu_type"]], "num_nodes": c["gpus"] // gpn, "gpus_per_node": gpn},
-        "training": {"global_batch_size": case["global_batch"], "precision": "fp16"},
+        "training": {"global_batch_size": case["global_batch"], "precision": pub.get("precision", "fp16")},
     }
     if published_layout:
         data["parallelism"] = {"tensor": pub["tp"], "pipeline": pub["pp"], "data": pub["dp"],
@@ -47,18 +71,22 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
                                "sequence_parallel": False, "offload": "none"}
         if pub.get("micro_batch"):
             data["parallelism"]["micro_batch_size"] = pub["micro_batch"]
+        split = balanced_split(m["layers"], pub["pp"]) if m["layers"] % pub["pp"] else None
+        if split is not None:
+            data["parallelism"].update(first_stage_layers=split[0], last_stage_layers=split[1])
     return parse_spec(data)
 
 
 def published_estimate(case: dict, cost=None):
     """The published layout with the most plausible unpublished fields: for each micro-batch size of
-    PLAUSIBLE_MICRO_BATCHES that divides the batch, the planner picks the interleaving; the fastest
-    layout that fits wins. Returns a LayoutEstimate (NoFitError if none fits)."""
+    PLAUSIBLE_MICRO_BATCHES that divides the batch (only the published one, when there is one), the
+    planner picks the interleaving; the fastest layout that fits wins. Returns a LayoutEstimate
+    (NoFitError if none fits)."""
     from .errors import SpecError
     from .planner import search
 
     best, last_error = None, None
-    for mb in PLAUSIBLE_MICRO_BATCHES:
+    for mb in [case["published"]["micro_batch"]] if case["published"].get("micro_batch") else PLAUSIBLE_MICRO_BATCHES:
         try:
             spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
             est = search(spec, top_k=1, cost=cost).chosen

@@ -37,7 +37,7 @@ def render_spec_yaml(spec: Spec, header: str) -> str:
 
 def render_run_dir(plan: Plan) -> dict[str, str]:
     """Every file of the run dir except the manifest, as name -> text."""
-    from .render.deepspeed import render_ds_config  # noqa: PLC0415
+    from .render.deepspeed import render_deepspeed_notes, render_ds_config  # noqa: PLC0415
     from .render.megatron import render_megatron_args, render_megatron_config, render_megatron_notes  # noqa: PLC0415
     from .render.scripts import header, render_hostfile, render_local, render_pdsh, render_sbatch  # noqa: PLC0415
 
@@ -49,7 +49,7 @@ def render_run_dir(plan: Plan) -> dict[str, str]:
         "launch.sbatch": render_sbatch(plan),
         "launch_pdsh.sh": render_pdsh(plan),
         "hostfile": render_hostfile(plan),
-        "plan.json": dump_json(plan.plan_record(notes=render_megatron_notes(plan))),
+        "plan.json": dump_json(plan.plan_record(notes=render_megatron_notes(plan) + render_deepspeed_notes(plan))),
         "spec.resolved.yaml": render_spec_yaml(plan.spec, header(plan)),
     }
 

@@ -131,6 +131,12 @@ class ParallelismSpec:
     sequence_parallel: Optional[bool] = spec_field(None, doc="Megatron sequence parallelism (needs tp > 1)")
     recompute: Optional[Recompute] = spec_field(None, doc="activation recomputation")
     offload: Optional[Offload] = spec_field(None, doc="ZeRO-Offload of optimizer (and parameters) to CPU")
+    first_stage_layers: Optional[int] = spec_field(
+        None, doc="transformer layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers); "
+        "the middle stages share the rest equally; null = even split", minimum=1, omit_if_none=True)
+    last_stage_layers: Optional[int] = spec_field(
+        None, doc="transformer layers on the last pipeline stage (--decoder-last-pipeline-num-layers); "
+        "null = even split", minimum=1, omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)

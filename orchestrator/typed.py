@@ -28,10 +28,15 @@ _INVALID = object()  # a value of the wrong type: the record holding it cannot b
 
 def spec_field(default: Any = MISSING, *, doc: str, minimum: float | None = None,
                maximum: float | None = None, pattern: str | None = None,
-               default_factory: Any = MISSING, exclusive_minimum: float | None = None) -> Any:
-    """A dataclass field with its documentation and bounds (used by parse and json_schema)."""
+               default_factory: Any = MISSING, exclusive_minimum: float | None = None,
+               omit_if_none: bool = False) -> Any:
+    """A dataclass field with its documentation and bounds (used by parse and json_schema).
+
+    ``omit_if_none``: :func:`dump` leaves the field out while it is None, so that adding an optional field
+    changes neither the resolved spec nor the spec hash of specs that do not use it.
+    """
     meta = {"doc": doc, "minimum": minimum, "maximum": maximum, "pattern": pattern,
-            "exclusive_minimum": exclusive_minimum}
+            "exclusive_minimum": exclusive_minimum, "omit_if_none": omit_if_none}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -192,7 +197,8 @@ def _parse_scalar(tp: Any, value: Any, path: str, problems: list[Problem], meta:
 def dump(record: Any) -> Any:
     """A record as plain data (dicts in field order, lists), for YAML/JSON output."""
     if dataclasses.is_dataclass(record):
-        return {f.name: dump(getattr(record, f.name)) for f in dataclasses.fields(record)}
+        return {f.name: dump(getattr(record, f.name)) for f in dataclasses.fields(record)
+                if not (f.metadata.get("omit_if_none") and getattr(record, f.name) is None)}
     if isinstance(record, (list, tuple)):
         return [dump(v) for v in record]
     return record

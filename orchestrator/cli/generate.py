@@ -19,6 +19,7 @@ def command(spec_path: str, out_dir: str, force: bool, top_k: int, calibration_p
     Parallelism fields the spec leaves open are chosen by the planner (as `orch plan`).
     """
     from ..plan import build_plan
+    from ..render.deepspeed import render_deepspeed_notes
     from ..render.megatron import render_megatron_notes
     from ..rundir import write_run_dir
     from ..spec import load_spec
@@ -31,6 +32,6 @@ def command(spec_path: str, out_dir: str, force: bool, top_k: int, calibration_p
     click.echo(f"wrote {out}  ({lay.tag()}, world size {plan.world_size}, "
                f"{plan.grad_accum_steps} micro-batches/step, vocab padded to {plan.padded_vocab_size})",
                err=True)
-    for note in render_megatron_notes(plan):
+    for note in render_megatron_notes(plan) + render_deepspeed_notes(plan):
         click.echo(f"note: {note}", err=True)
     click.echo(str(out))

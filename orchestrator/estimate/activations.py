@@ -15,12 +15,19 @@ s^2 tensors, only its fp32 log-sum-exp (4*a*s*b bytes). With fp32 training every
 In flight under 1F1B, stage r holds min(m, p - r) micro-batches of its L/p layers: the first stage holds
 L layers' worth. Megatron's interleaved schedule with v chunks keeps (p - r - 1)*2 + (v - 1)*p + 1 chunk
 micro-batches on stage r, which for r = 0 is the paper's factor 1 + (p - 1)/(p*v).
+
+With an uneven split (:class:`~orchestrator.stages.StageSplit`: first c_0, middle c, last c_{p-1}) stage r
+holds in_flight(r) * c_r / v layers. The first stage is no longer necessarily the largest: with a lighter
+first stage the second one (the first middle stage, p - 1 micro-batches of c layers) can hold more
+(Llama 3 405B's 7 + 14x8 + 7 on p = 16: 16 x 7 = 112 layers' worth on stage 0, 15 x 8 = 120 on stage 1).
+Later middle stages hold fewer micro-batches of the same layers, so stages 0, 1 and p - 1 bound the rest.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..stages import StageSplit, stage_split
 from .params import ModelShape
 
 MASK_BYTES = 1
@@ -30,7 +37,7 @@ LOGIT_FP32_BYTES = 4
 
 @dataclass(frozen=True)
 class ActivationsEstimate:
-    """Activation bytes on one GPU of the first and of the last pipeline stage."""
+    """Activation bytes on one GPU of the first, the last and (pp > 2) the first middle pipeline stage."""
 
     per_layer_bytes: int        # one layer, one micro-batch (the Korthikanti figure)
     first_stage_layers_in_flight: float
@@ -39,6 +46,8 @@ class ActivationsEstimate:
     last_stage_bytes: int       # stored layers + logits / loss buffers + recompute working set
     working_bytes: int          # transient: one layer recomputed during backward
     logits_bytes: int           # last stage: logits, fp32 softmax and its gradient for one micro-batch
+    middle_stage_layers_in_flight: float = 0.0   # stage 1 when pp > 2 (the busiest middle stage)
+    middle_stage_bytes: int = 0                  # its stored layers + recompute working set; 0 if none
 
 
 def layer_activation_bytes(shape: ModelShape, tp: int, sp: bool, recompute: str, micro_batch: int,
@@ -86,12 +95,13 @@ def logits_bytes(shape: ModelShape, padded_vocab: int, tp: int, micro_batch: int
 @lru_cache(maxsize=65536)
 def estimate_activations(shape: ModelShape, tp: int, pp: int, vpp: int, sp: bool, recompute: str,
                          micro_batch: int, num_microbatches: int, padded_vocab: int,
-                         dtype_bytes: int = 2) -> ActivationsEstimate:
-    """Activation memory of the first and last pipeline stage for one layout."""
+                         dtype_bytes: int = 2, split: StageSplit | None = None) -> ActivationsEstimate:
+    """Activation memory of the first, last and first middle pipeline stage for one layout."""
+    split = split or stage_split(shape.num_layers, pp)
     per_layer = layer_activation_bytes(shape, tp, sp, recompute, micro_batch, dtype_bytes)
-    chunk_layers = shape.num_layers / (pp * vpp)
-    first_layers = in_flight_chunks(0, pp, vpp, num_microbatches) * chunk_layers
-    last_layers = in_flight_chunks(pp - 1, pp, vpp, num_microbatches) * chunk_layers
+    first_layers = in_flight_chunks(0, pp, vpp, num_microbatches) * (split.first / vpp)
+    last_layers = in_flight_chunks(pp - 1, pp, vpp, num_microbatches) * (split.last / vpp)
+    middle_layers = in_flight_chunks(1, pp, vpp, num_microbatches) * (split.middle / vpp) if pp > 2 else 0.0
     if recompute == "full":
         working = layer_activation_bytes(shape, tp, sp, "none", micro_batch, dtype_bytes)
     elif recompute == "selective":
@@ -104,8 +114,10 @@ def estimate_activations(shape: ModelShape, tp: int, pp: int, vpp: int, sp: bool
     logits = logits_bytes(shape, padded_vocab, tp, micro_batch, dtype_bytes)
     first = int(per_layer * first_layers) + embedding_out * first_chunks + working
     last = int(per_layer * last_layers) + logits + working
+    middle = int(per_layer * middle_layers) + working if pp > 2 else 0
     if pp == 1:   # one stage holds the embedding and the logits
         first = last = int(per_layer * first_layers) + embedding_out * first_chunks + logits + working
     return ActivationsEstimate(per_layer_bytes=per_layer, first_stage_layers_in_flight=first_layers,
                                last_stage_layers_in_flight=last_layers, first_stage_bytes=first,
-                               last_stage_bytes=last, working_bytes=working, logits_bytes=logits)
+                               last_stage_bytes=last, working_bytes=working, logits_bytes=logits,
+                               middle_stage_layers_in_flight=middle_layers, middle_stage_bytes=middle)

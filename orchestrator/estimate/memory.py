@@ -122,7 +122,7 @@ class MemoryEstimate:
     usable_bytes: float          # hbm_bytes less the planner's headroom
     host_bytes: float = 0.0
     host_capacity_bytes: float = float("inf")   # host memory this GPU's process may use for offload
-    stage: str = "first"         # which pipeline stage is the busiest: "first" or "last"
+    stage: str = "first"         # the busiest pipeline stage: "first", "last" or "middle" (stage 1, pp > 2)
     overheads: OverheadEstimate | None = field(default=None, compare=False)
 
     @property
@@ -156,9 +156,13 @@ def stage_memory(states: ModelStatesEstimate, activations: float, overheads: Ove
                           host_capacity_bytes=host_capacity_bytes, stage=stage, overheads=overheads)
 
 
-def busiest_stage(first: MemoryEstimate, last: MemoryEstimate) -> MemoryEstimate:
-    return first if first.total_bytes >= last.total_bytes else last
+def busiest_stage(first: MemoryEstimate, last: MemoryEstimate, middle: MemoryEstimate | None = None) -> MemoryEstimate:
+    """The stage needing the most memory; ties go to the first, then the last stage."""
+    busiest = first if first.total_bytes >= last.total_bytes else last
+    if middle is not None and middle.total_bytes > busiest.total_bytes:
+        return middle
+    return busiest
 
 
 def activation_bytes_for(acts: ActivationsEstimate, stage: str) -> int:
-    return acts.first_stage_bytes if stage == "first" else acts.last_stage_bytes
+    return {"first": acts.first_stage_bytes, "last": acts.last_stage_bytes, "middle": acts.middle_stage_bytes}[stage]

@@ -8,6 +8,10 @@ Per layer (h hidden, a heads, g KV groups, d = h/a head dim, f MLP width):
 Embeddings V*h (V padded to a multiple of 128*tp, as Megatron-LM pads), learned positions s*h, a final
 norm, and an untied output layer V*h. Under tensor parallelism the weight matrices, the column-parallel
 biases and the vocabulary are split tp ways; norms and row-parallel output biases are replicated.
+
+Pipeline stages hold the layers of a :class:`~orchestrator.stages.StageSplit` (even: num_layers / pp each;
+uneven: first, each middle, last), the first stage also the embeddings, the last the final norm and the
+output layer (with tied embeddings and pp > 1, its own copy of the embedding matrix).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from functools import lru_cache
 
 from ..layout import padded_vocab_size
 from ..spec import Spec
+from ..stages import StageSplit, stage_split
 
 
 @dataclass(frozen=True)
@@ -73,10 +78,11 @@ class ParamsEstimate:
     first_stage_per_gpu: int   # held by one GPU of pipeline stage 0
     last_stage_per_gpu: int    # held by one GPU of the last stage
     largest_layer_per_gpu: int  # biggest single module a ZeRO-3 rank gathers at once
+    middle_stage_per_gpu: int = 0  # held by one GPU of a middle stage (pp > 2), 0 when there is none
 
     @property
     def per_gpu(self) -> int:
-        return max(self.first_stage_per_gpu, self.last_stage_per_gpu)
+        return max(self.first_stage_per_gpu, self.last_stage_per_gpu, self.middle_stage_per_gpu)
 
 
 def _norm_params(shape: ModelShape) -> int:
@@ -101,22 +107,24 @@ def layer_params_per_rank(shape: ModelShape, tp: int) -> int:
 
 
 @lru_cache(maxsize=4096)
-def estimate_params(shape: ModelShape, tp: int = 1, pp: int = 1) -> ParamsEstimate:
-    """Parameter counts for a (tp, pp) split; pipeline stages hold num_layers / pp layers each."""
+def estimate_params(shape: ModelShape, tp: int = 1, pp: int = 1, split: StageSplit | None = None) -> ParamsEstimate:
+    """Parameter counts for a (tp, pp) split; ``split`` says how many layers each stage holds (None: even)."""
+    split = split or stage_split(shape.num_layers, pp)
     h, v = shape.hidden_size, padded_vocab_size(shape.vocab_size, tp)
     positions = shape.seq_length * h if shape.learned_positions else 0
     per_layer = layer_params_per_rank(shape, 1)
     embedding = v * h + positions
     output = 0 if shape.tie_embeddings else v * h
     total = shape.num_layers * per_layer + embedding + _norm_params(shape) + output
-    stage_layers = shape.num_layers // pp * layer_params_per_rank(shape, tp)
-    first = stage_layers + v * h // tp + positions
+    layer_tp = layer_params_per_rank(shape, tp)
+    first = split.first * layer_tp + v * h // tp + positions
     # With pp > 1 a tied output layer keeps its own copy of the embedding on the last stage.
     head = v * h // tp if (not shape.tie_embeddings or pp > 1) else 0
-    last = stage_layers + _norm_params(shape) + head
+    last = split.last * layer_tp + _norm_params(shape) + head
+    middle = split.middle * layer_tp if pp > 2 else 0
     if pp == 1:
-        first = last = stage_layers + v * h // tp + positions + _norm_params(shape) + (output // tp)
-    largest = max(layer_params_per_rank(shape, tp), v * h // tp)
+        first = last = split.first * layer_tp + v * h // tp + positions + _norm_params(shape) + (output // tp)
+    largest = max(layer_tp, v * h // tp)
     return ParamsEstimate(total=total, per_layer=per_layer, embedding=embedding, output_layer=output,
                           padded_vocab_size=v, first_stage_per_gpu=first, last_stage_per_gpu=last,
-                          largest_layer_per_gpu=largest)
+                          largest_layer_per_gpu=largest, middle_stage_per_gpu=middle)

@@ -6,14 +6,21 @@
 Step time = pipeline time (micro-batches through the slowest stage, plus fill/drain; per-layer compute,
 exposed TP collectives and exposed p2p inside it) + exposed DP communication + the optimizer step
 (on the GPU, or CPU-Adam and PCIe traffic with offload) + the tied-embedding gradient sync.
+
+Stages are costed from their own layer counts (:func:`orchestrator.layout.layout_split`): the first runs
+c_0 layers + the embedding, each middle stage c layers, the last c_{p-1} layers + the output layer and
+the loss. The slowest of them paces the steady state; the mean (num_layers / p layers + (embedding +
+head) / p) the fill and drain. Memory is the busiest of the first, the first middle and the last stage.
+An even split gives c_r = num_layers / p everywhere, as before.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..errors import Problem, SpecError
-from ..layout import FIELD_PATHS, Layout, check_layout
+from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
 from ..spec import Spec
+from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
 from .comm import (CommEstimate, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
                    ring_bytes, tensor_parallel_layer_comm)
@@ -84,7 +91,8 @@ class LayoutEstimate:
     def to_dict(self) -> dict:
         """SPEC.md's LAYOUT record (plus a few extra fields)."""
         lay = self.layout
-        return {
+        split = {k: getattr(lay, k) for k in ("first_stage_layers", "last_stage_layers") if getattr(lay, k) is not None}
+        return split | {
             "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "zero_stage": lay.zero_stage,
             "micro_batch_size": lay.micro_batch_size, "grad_accum_steps": self.grad_accum_steps,
             "num_microbatches": self.num_microbatches, "sequence_parallel": lay.sequence_parallel,
@@ -112,16 +120,27 @@ def num_microbatches(ctx: EstimateContext, lay: Layout) -> int:
     return ctx.global_batch // (lay.micro_batch_size * lay.dp)
 
 
+def split_of(ctx: EstimateContext, lay: Layout) -> StageSplit:
+    return layout_split(ctx.shape.num_layers, lay)
+
+
+def params_of(ctx: EstimateContext, lay: Layout) -> ParamsEstimate:
+    return estimate_params(ctx.shape, lay.tp, lay.pp, split_of(ctx, lay))
+
+
 def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None = None,
                     acts: ActivationsEstimate | None = None) -> MemoryEstimate:
-    """Memory of the busiest GPU (first or last pipeline stage)."""
+    """Memory of the busiest GPU (the first, the first middle or the last pipeline stage)."""
     shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
-    params = params or estimate_params(shape, lay.tp, lay.pp)
+    params = params or params_of(ctx, lay)
     acts = acts or _activations(ctx, lay, params)
     groups = sum(n > 1 for n in (lay.tp, lay.dp, lay.pp)) + (lay.pp > 1 and shape.tie_embeddings)
+    candidates = [("first", params.first_stage_per_gpu, acts.first_stage_bytes),
+                  ("last", params.last_stage_per_gpu, acts.last_stage_bytes)]
+    if lay.pp > 2:
+        candidates.append(("middle", params.middle_stage_per_gpu, acts.middle_stage_bytes))
     stages = []
-    for name, psi, act in (("first", params.first_stage_per_gpu, acts.first_stage_bytes),
-                           ("last", params.last_stage_per_gpu, acts.last_stage_bytes)):
+    for name, psi, act in candidates:
         states = estimate_model_states(psi, lay.dp, lay.zero_stage, lay.offload, ctx.precision)
         over = estimate_overheads(cost, num_groups=groups, dp=lay.dp, zero_stage=lay.zero_stage,
                                   local_grad_bytes=psi * hw.dtype_bytes,
@@ -135,14 +154,14 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
 def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> ActivationsEstimate:
     return estimate_activations(ctx.shape, lay.tp, lay.pp, lay.vpp, lay.sequence_parallel, lay.recompute,
                                 lay.micro_batch_size, num_microbatches(ctx, lay), params.padded_vocab_size,
-                                ctx.hw.dtype_bytes)
+                                ctx.hw.dtype_bytes, split_of(ctx, lay))
 
 
 def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
     """The estimate of a complete, rule-abiding layout (no checks: the planner's entry)."""
     shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
     m = num_microbatches(ctx, lay)
-    params = estimate_params(shape, lay.tp, lay.pp)
+    params = params_of(ctx, lay)
     memory = estimate_memory(ctx, lay, params)
     timing = step_timing(ctx, lay, params)
     flops = estimate_flops(shape, ctx.global_batch, lay.recompute)
@@ -163,10 +182,35 @@ class StepTiming:
     breakdown: StepBreakdown
 
 
+@dataclass(frozen=True)
+class StageTimes:
+    """Compute time per micro-batch of each kind of pipeline stage, and which one paces the pipeline."""
+
+    slowest_s: float          # the slowest stage's time per micro-batch
+    mean_s: float             # mean over all stages
+    slowest_layers: int       # layers of the slowest stage
+
+
+def stage_times(split: StageSplit, per_layer_s: float, head_s: float, embedding_s: float) -> StageTimes:
+    """Per-micro-batch compute of the first (c_0 layers + embedding), middle (c layers) and last
+    (c_{p-1} layers + output layer and loss) stage; pp = 1: everything on one stage."""
+    pp = split.pp
+    if pp == 1:
+        total = split.first * per_layer_s + head_s + embedding_s
+        return StageTimes(total, total, split.first)
+    stages = [(split.first * per_layer_s + embedding_s, split.first), (split.last * per_layer_s + head_s, split.last)]
+    if pp > 2:
+        stages.append((split.middle * per_layer_s, split.middle))
+    slowest, layers = max(stages, key=lambda t: t[0])
+    mean = split.num_layers / pp * per_layer_s + (head_s + embedding_s) / pp
+    return StageTimes(slowest, mean, layers)
+
+
 def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None = None) -> StepTiming:
     """Step time of a layout, with its communication and breakdown."""
     shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
-    params = params or estimate_params(shape, lay.tp, lay.pp)
+    params = params or params_of(ctx, lay)
+    split = split_of(ctx, lay)
     tp, pp, vpp, dp, mb = lay.tp, lay.pp, lay.vpp, lay.dp, lay.micro_batch_size
     m = num_microbatches(ctx, lay)
     full = lay.recompute == "full"
@@ -177,15 +221,11 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     tp_bytes, tp_s = tensor_parallel_layer_comm(tokens=tokens, hidden=shape.hidden_size, pl=tp_pl,
                                                 sp=bool(lay.sequence_parallel), full_recompute=full, hw=hw)
     tp_exposed = (1 - cost.tp_overlap) * tp_s
-    stage_layers = shape.num_layers // pp
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
-    per_mb = stage_layers * (slow * layer.total_s + tp_exposed)
     head = slow * head_time_s(shape, hw, tp, mb, params.padded_vocab_size)
     emb = slow * embedding_time_s(shape, hw, tp, mb)
-    if pp == 1:
-        slowest = mean = per_mb + head + emb
-    else:
-        slowest, mean = per_mb + max(head, emb), per_mb + (head + emb) / pp
+    times = stage_times(split, slow * layer.total_s + tp_exposed, head, emb)
+    slowest, mean, stage_layers = times.slowest_s, times.mean_s, times.slowest_layers
     pp_bytes = pp_s = x_exposed = emb_sync = 0.0
     if pp > 1:
         inter = tp * dp * pp > gpn
@@ -201,10 +241,11 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             pp_s += emb_sync
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
                            p2p_s=x_exposed)
+    reduce_layers = _layers_holding_most_params(split, params)
     dp_comm = data_parallel_comm(
         param_bytes=params.per_gpu * hw.dtype_bytes, pl=group_placement(dp, tp, gpn), zero_stage=lay.zero_stage,
-        num_microbatches=m, full_recompute=full, forward_window_s=stage_layers * layer.forward_s,
-        backward_window_s=stage_layers * (layer.backward_s + layer.recompute_s), overlap=cost.dp_overlap, hw=hw)
+        num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
+        backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s), overlap=cost.dp_overlap, hw=hw)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync
     tp_total = m * stage_layers * tp_s
@@ -218,6 +259,15 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+
+
+def _layers_holding_most_params(split: StageSplit, params: ParamsEstimate) -> int:
+    """Layers of the stage whose gradients the DP reduction carries (params.per_gpu): its backward is the
+    window the reduction overlaps with."""
+    held = {params.first_stage_per_gpu: split.first, params.last_stage_per_gpu: split.last}
+    if split.pp > 2:
+        held.setdefault(params.middle_stage_per_gpu, split.middle)
+    return held.get(params.per_gpu, split.first)
 
 
 def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int) -> tuple[float, float]:

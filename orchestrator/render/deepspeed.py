@@ -41,6 +41,17 @@ def render_ds_config(plan: Plan) -> dict:
     return config
 
 
+def render_deepspeed_notes(plan: Plan) -> list[str]:
+    """What ds_config.json cannot express for this plan."""
+    lay = plan.layout
+    if lay.pp == 1 or not lay.is_uneven:
+        return []
+    return [f"parallelism.first_stage_layers/last_stage_layers: DeepSpeed's pipeline partition methods cannot "
+            f"place exact layer counts; orch's trainer places {plan.stage_split.describe()} transformer layers "
+            "on the stages itself (orchestrator.train.engine.exact_pipeline_module); ds_config.json's "
+            "pipeline.partition applies to even splits only"]
+
+
 def _fp16(enabled: bool) -> dict:
     if not enabled:
         return {"enabled": False}

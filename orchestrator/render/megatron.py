@@ -8,8 +8,12 @@ Megatron-Core models are the default). Megatron's spellings live only in this mo
 How the layout maps onto Megatron-LM:
 
 * tp / pp -> ``--tensor-model-parallel-size`` / ``--pipeline-model-parallel-size``; vpp > 1 ->
-  ``--num-virtual-stages-per-pipeline-rank`` (the 0.16.1 spelling); dp is what Megatron derives from
-  WORLD_SIZE / (tp * pp), so it is never passed.
+  ``--num-virtual-stages-per-pipeline-rank`` (the 0.16.1 spelling; Megatron refuses the per-stage
+  spelling with an uneven split); dp is what Megatron derives from WORLD_SIZE / (tp * pp), so it is
+  never passed. An uneven split (first_stage_layers / last_stage_layers) ->
+  ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, and
+  ``num_layers_in_first/last_pipeline_stage`` in megatron_config.json; only when set, so even layouts
+  render as before.
 * ZeRO-0 -> Megatron's DDP. ZeRO-1 -> ``--use-distributed-optimizer`` (optimizer states sharded over dp).
   ZeRO-2 / ZeRO-3 -> Megatron FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads``
   / ``optim_grads_params``) with the flags its user guide requires: ``--use-distributed-optimizer
@@ -75,6 +79,10 @@ def _parallel_args(plan: Plan) -> list[str]:
     args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp)]
     if lay.vpp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(lay.vpp)]
+    if lay.first_stage_layers is not None:
+        args += ["--decoder-first-pipeline-num-layers", str(lay.first_stage_layers)]
+    if lay.last_stage_layers is not None:
+        args += ["--decoder-last-pipeline-num-layers", str(lay.last_stage_layers)]
     if lay.sequence_parallel:
         args.append("--sequence-parallel")
     return args + _data_parallel_args(plan) + _recompute_args(plan)
@@ -278,7 +286,16 @@ def render_megatron_config(plan: Plan) -> dict:
         "use_cpu_initialization": plan.spec.cluster.gpu == "cpu",
         "deallocate_pipeline_outputs": True,
     }
-    return config | _recompute_config(plan)
+    return config | _split_config(plan) | _recompute_config(plan)
+
+
+def _split_config(plan: Plan) -> dict:
+    lay, config = plan.layout, {}
+    if lay.first_stage_layers is not None:
+        config["num_layers_in_first_pipeline_stage"] = lay.first_stage_layers
+    if lay.last_stage_layers is not None:
+        config["num_layers_in_last_pipeline_stage"] = lay.last_stage_layers
+    return config
 
 
 def _recompute_config(plan: Plan) -> dict:

@@ -3,7 +3,13 @@
 - :class:`ZeroEngine` (pp = 1): the GPT module on DeepSpeed's engine, ZeRO stage 0-3, fp32 or bf16,
   optional optimizer/parameter offload, gradient accumulation over micro-batches.
 - :class:`PipeEngine` (pp > 1): the same layers in DeepSpeed's PipelineModule (1F1B schedule,
-  ``train_batch``), ZeRO 0/1.
+  ``train_batch``), ZeRO 0/1. An uneven split (parallelism.first_stage_layers / last_stage_layers) is
+  placed exactly: DeepSpeed's partition methods ("uniform", "parameters", "type:REGEX") balance a weight
+  per layer and cannot be told "2 blocks here, 3 there", so :func:`exact_pipeline_module` builds a
+  PipelineModule subclass whose partition step takes the bounds from
+  :func:`orchestrator.train.model.stage_bounds` (first stage: embeddings + its blocks; middle stages: their
+  blocks; last stage: its blocks + final norm + output, as Megatron-LM places them). An even split keeps
+  ds_config.json's partition method, as before.
 
 Both wrap their compute (forward, backward, optimizer step) with the telemetry's BusyTimer, which
 subtracts the collectives inside them: that gives the compute time and the pipeline bubble. Both expose
@@ -19,7 +25,7 @@ from pathlib import Path
 import torch
 
 from . import checkpoint
-from .model import GPT, count_parameters, lm_loss, pipeline_specs
+from .model import GPT, count_parameters, lm_loss, pipeline_specs, stage_bounds
 
 
 @dataclass(frozen=True)
@@ -122,10 +128,14 @@ class PipeEngine(_DeepSpeedBase):
         self.spec, self.dataset = spec, dataset
         pipe = ds_config["pipeline"]
         torch.manual_seed(spec.training.seed)
-        module = PipelineModule(layers=pipeline_specs(spec.model, _recompute(spec)), num_stages=pipe["stages"],
-                                loss_fn=lm_loss, partition_method=pipe["partition"],
-                                activation_checkpoint_interval=pipe["activation_checkpoint_interval"],
-                                checkpointable_layers=["BlockPipe"])   # never the token embedding
+        options = dict(layers=pipeline_specs(spec.model, _recompute(spec)), num_stages=pipe["stages"],
+                       loss_fn=lm_loss, activation_checkpoint_interval=pipe["activation_checkpoint_interval"],
+                       checkpointable_layers=["BlockPipe"])   # never the token embedding
+        split = _stage_split(spec, pipe["stages"])
+        if split.is_even:
+            module = PipelineModule(partition_method=pipe["partition"], **options)
+        else:
+            module = exact_pipeline_module(stage_bounds(split.counts), **options)
         self.local_param_count = count_parameters(module)
         self.engine, *_ = deepspeed.initialize(model=module, model_parameters=[p for p in module.parameters()
                                                                                if p.requires_grad],
@@ -159,6 +169,33 @@ class PipeEngine(_DeepSpeedBase):
         return {"stage_id": self.stage_id, "dp_rank": self.dp_rank, "param_count": None, "full_param_numel": n,
                 "local_param_numel": n, "param_shard_fraction": 1.0,
                 "layers": [self.parts[self.stage_id], self.parts[self.stage_id + 1]]}
+
+
+def _stage_split(spec, num_stages: int):
+    from ..stages import stage_split  # noqa: PLC0415
+
+    p = spec.parallelism
+    return stage_split(spec.model.num_layers, num_stages, p.first_stage_layers, p.last_stage_layers)
+
+
+def exact_pipeline_module(parts: list[int], **options):
+    """A DeepSpeed PipelineModule whose stage r builds the layer specs ``parts[r]:parts[r + 1]``.
+
+    It overrides ``PipelineModule._partition_layers`` (DeepSpeed 0.19.8), the one step of its constructor
+    that chooses the bounds: it sets ``parts`` (what DeepSpeed's engine and checkpoints read) and this
+    stage's ``_set_bounds``. Everything else (building, tied layers, the schedule) is DeepSpeed's own.
+    """
+    from deepspeed.pipe import PipelineModule  # noqa: PLC0415
+
+    class ExactPartitionPipelineModule(PipelineModule):
+        def _partition_layers(self, method: str = "uniform") -> None:
+            if len(parts) != self.num_stages + 1 or parts[-1] != len(self._layer_specs):
+                raise ValueError(f"stage bounds {parts} do not cover {len(self._layer_specs)} layer specs "
+                                 f"on {self.num_stages} stages")
+            self.parts = list(parts)
+            self._set_bounds(start=self.parts[self.stage_id], stop=self.parts[self.stage_id + 1])
+
+    return ExactPartitionPipelineModule(**options)
 
 
 def _recompute(spec) -> str:

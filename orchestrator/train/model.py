@@ -209,6 +209,21 @@ class BlockPipe(Block):
         _init_residual_projections(self, m.num_layers)
 
 
+PIPELINE_LEAD_SPECS = 2   # word embedding, position embedding: before the blocks, on the first stage
+PIPELINE_TAIL_SPECS = 2   # final norm, output layer: after the blocks, on the last stage
+
+
+def stage_bounds(stage_layers: tuple[int, ...] | list[int]) -> list[int]:
+    """Indices into :func:`pipeline_specs` where each pipeline stage starts, plus the end: stage r holds
+    ``stage_layers[r]`` blocks, the first stage also the embeddings, the last the final norm and output
+    (where Megatron-LM puts them). DeepSpeed's ``PipelineModule.parts`` has this shape."""
+    parts, last = [0], len(stage_layers) - 1
+    for r, count in enumerate(stage_layers):
+        parts.append(parts[-1] + count + (PIPELINE_LEAD_SPECS if r == 0 else 0)
+                     + (PIPELINE_TAIL_SPECS if r == last else 0))
+    return parts
+
+
 def pipeline_specs(m, recompute: str = "none") -> list:
     """The decoder as a flat list of DeepSpeed LayerSpecs (embedding ... blocks ... output).
 

@@ -10,7 +10,7 @@ from ..telemetry.step import StepTelemetry
 from ..telemetry.timing import BusyTimer
 
 LAYOUT_KEYS = ("tp", "pp", "vpp", "dp", "zero_stage", "micro_batch_size", "sequence_parallel", "recompute",
-               "offload")
+               "offload", "first_stage_layers", "last_stage_layers")
 
 
 def resolved_layout(run_dir):

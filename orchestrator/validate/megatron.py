@@ -2,7 +2,9 @@
 
 Layer 1 (pure, no torch): the tokens are parsed against Megatron-LM core_v0.16.1's own flag table
 (:mod:`.megatron_args`: unknown flags with "did you mean", arity, types, choices, duplicates, deprecated
-flags). Then the rules Megatron lets through silently or only fails on at run time: hidden % heads, layers % pp, impossible virtual pipelines, sizes
+flags). Then the rules Megatron lets through silently or only fails on at run time: hidden % heads, layers % pp
+(or, with --decoder-first/last-pipeline-num-layers, the uneven split's rules of :mod:`orchestrator.stages`,
+and the flags Megatron refuses beside them), impossible virtual pipelines, sizes
 <= 0, query groups vs tp, --num-query-groups without --group-query-attention, seq % tp with sequence
 parallelism, batch arithmetic for a world size, missing --eval-interval / tokenizer inputs, warm-up >=
 decay, optimizer flag combinations Megatron-Core asserts on only when the optimizer is built.
@@ -23,6 +25,7 @@ from typing import Any, Callable
 
 from ..errors import Problem
 from ..render.megatron import OBJECT_FIELDS
+from ..stages import SplitNames, even_split_issue, split_issues
 from .megatron_args import MegatronArgs, Token, dest_to_flag, parse_tokens, tokens_from_text
 
 # Tokenizer type -> flags its constructor reads (pretrain_gpt.py defaults the type to GPT2BPETokenizer).
@@ -46,18 +49,41 @@ class Sizes:
     hidden: Any
     heads: Any
     groups: Any
+    first: Any = None        # uneven split: layers on the first / last pipeline stage (None: not given)
+    last: Any = None
+    accounted: int = 0       # embedding and/or loss counted as layers (--account-for-*-in-pipeline-split)
+    custom_layout: bool = False   # --pipeline-model-parallel-layout places the layers itself
+
+    @property
+    def uneven(self) -> bool:
+        return self.first is not None or self.last is not None
+
+
+ARGS_SPLIT_NAMES = SplitNames("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                              "num_virtual_stages_per_pipeline_rank", "--decoder-first-pipeline-num-layers",
+                              "--decoder-last-pipeline-num-layers", "no --num-virtual-stages-per-pipeline-rank",
+                              assign=" ")
+CONFIG_SPLIT_NAMES = SplitNames("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                                "virtual_pipeline_model_parallel_size", "num_layers_in_first_pipeline_stage",
+                                "num_layers_in_last_pipeline_stage", "virtual_pipeline_model_parallel_size null")
 
 
 def sizes_of(a: MegatronArgs) -> Sizes:
     tp, pp = a.get("tensor_model_parallel_size"), a.get("pipeline_model_parallel_size")
     layers = a.get("num_layers")
+    first, last = a.get("decoder_first_pipeline_num_layers"), a.get("decoder_last_pipeline_num_layers")
+    accounted = int(bool(a.get("account_for_embedding_in_pipeline_split"))) + \
+        int(bool(a.get("account_for_loss_in_pipeline_split")))
     vpp = a.get("num_virtual_stages_per_pipeline_rank")
     per_stage = a.get("num_layers_per_virtual_pipeline_stage")
-    if vpp is None and per_stage and _ints_positive(layers, pp) and layers % pp == 0:
-        vpp = (layers // pp) // per_stage if (layers // pp) % per_stage == 0 else None
+    if vpp is None and per_stage and first is None and last is None and _ints_positive(layers, pp) \
+            and (layers + accounted) % pp == 0:
+        per_rank = (layers + accounted) // pp
+        vpp = per_rank // per_stage if per_rank % per_stage == 0 else None
     groups = a.get("num_query_groups") if a.get("group_query_attention") else a.get("num_attention_heads")
     return Sizes(tp=tp, pp=pp, cp=a.get("context_parallel_size") or 1, vpp=vpp or 1, layers=layers,
-                 hidden=a.get("hidden_size"), heads=a.get("num_attention_heads"), groups=groups)
+                 hidden=a.get("hidden_size"), heads=a.get("num_attention_heads"), groups=groups, first=first,
+                 last=last, accounted=accounted, custom_layout=a.get("pipeline_model_parallel_layout") is not None)
 
 
 def _ints_positive(*values: Any) -> bool:
@@ -87,8 +113,9 @@ def rule_positive(a: MegatronArgs, world_size: int | None) -> list[Problem]:
             for d in POSITIVE if a.given(d) and isinstance(a.values[d], int) and a.values[d] <= 0]
 
 
-def shape_problems(s: Sizes, where: Callable[[str], str]) -> list[Problem]:
-    """Model/parallel shape rules shared by args files and megatron_config.json (``where`` names a field)."""
+def shape_problems(s: Sizes, where: Callable[[str], str], names: SplitNames = ARGS_SPLIT_NAMES) -> list[Problem]:
+    """Model/parallel shape rules shared by args files and megatron_config.json (``where`` names a field:
+    tp, pp, vpp, groups, first, last)."""
     if not _ints_positive(s.tp, s.pp, s.layers, s.hidden, s.heads):
         return []
     problems = []
@@ -97,12 +124,39 @@ def shape_problems(s: Sizes, where: Callable[[str], str]) -> list[Problem]:
                                 "must be 0", "use a tensor-parallel size that divides the head count"))
     if _ints_positive(s.groups):
         problems += _group_problems(s, where)
-    if s.layers % s.pp:
-        problems.append(Problem(where("pp"), f"num_layers({s.layers}) % pp({s.pp}) = {s.layers % s.pp}, must be 0",
-                                "use a pipeline size that divides the layer count"))
-    elif _ints_positive(s.vpp) and s.vpp > 1:
-        problems += _vpp_problems(s, where)
-    return problems
+    return problems + _layer_split_problems(s, where, names)
+
+
+def _layer_split_problems(s: Sizes, where: Callable[[str], str], names: SplitNames) -> list[Problem]:
+    """How the layers split over the pipeline: uneven (first/last given), accounted, or even."""
+    if s.custom_layout:
+        return []   # the layout string places every layer; Megatron-Core validates it
+    vpp = s.vpp if _ints_positive(s.vpp) else 1
+    if s.uneven:
+        if not all(v is None or isinstance(v, int) for v in (s.first, s.last)):
+            return []
+        issues = split_issues(s.layers, s.pp, vpp, s.first, s.last, names)
+        return [Problem(where(i.field), i.message + " (Megatron-Core's TransformerConfig raises)", i.hint)
+                for i in issues]
+    if s.accounted:
+        return _accounted_problems(s, where, vpp)
+    issue = even_split_issue(s.layers, s.pp, names)
+    if issue is not None:
+        return [Problem(where("pp"), issue.message, issue.hint)]
+    return _vpp_problems(s, where) if vpp > 1 else []
+
+
+def _accounted_problems(s: Sizes, where: Callable[[str], str], vpp: int) -> list[Problem]:
+    total = s.layers + s.accounted
+    if total % s.pp:
+        return [Problem(where("pp"), f"num_layers({s.layers}) + {s.accounted} (embedding/loss counted as layers by "
+                        f"--account-for-*-in-pipeline-split) = {total} % pp({s.pp}) = {total % s.pp}, must be 0",
+                        "change the pipeline size or the --account-for-* flags")]
+    if vpp > 1 and (total // s.pp) % vpp:
+        return [Problem(where("vpp"), f"{total} layers (embedding/loss counted) / pp({s.pp}) = {total // s.pp} per "
+                        f"stage, not divisible into vpp({vpp}) virtual stages", f"use a virtual pipeline size "
+                        f"that divides {total // s.pp}")]
+    return []
 
 
 def _group_problems(s: Sizes, where: Callable[[str], str]) -> list[Problem]:
@@ -130,7 +184,8 @@ def _vpp_problems(s: Sizes, where: Callable[[str], str]) -> list[Problem]:
 
 def rule_shape(a: MegatronArgs, world_size: int | None) -> list[Problem]:
     names = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
-             "groups": "num_query_groups", "vpp": _vpp_dest(a)}
+             "groups": "num_query_groups", "vpp": _vpp_dest(a), "first": "decoder_first_pipeline_num_layers",
+             "last": "decoder_last_pipeline_num_layers"}
     problems = shape_problems(sizes_of(a), lambda key: a.at(names[key]))
     hidden, heads = a.get("hidden_size"), a.get("num_attention_heads")
     if _ints_positive(hidden, heads) and hidden % heads and a.get("kv_channels") is None:
@@ -138,6 +193,25 @@ def rule_shape(a: MegatronArgs, world_size: int | None) -> list[Problem]:
                                 f"{hidden % heads}, must be 0 (Megatron-Core's TransformerConfig accepts it)",
                                 "pick a hidden size that is a multiple of the head count, or set --kv-channels"))
     return problems
+
+
+def rule_uneven_split_flags(a: MegatronArgs, world_size: int | None) -> list[Problem]:
+    """Flags Megatron-LM refuses beside --decoder-first/last-pipeline-num-layers (validate_args asserts,
+    TransformerConfig raises); the arithmetic of the split itself is rule_shape's."""
+    uneven = [d for d in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers") if a.given(d)]
+    if not uneven:
+        return []
+    given = dest_to_flag(uneven[0])
+    refused = {"num_layers_per_virtual_pipeline_stage": "use --num-virtual-stages-per-pipeline-rank for the "
+                                                        "virtual pipeline instead (Megatron-LM asserts)",
+               "account_for_embedding_in_pipeline_split": "remove it: the uneven split already makes the first "
+                                                          "stage lighter (TransformerConfig raises)",
+               "account_for_loss_in_pipeline_split": "remove it: the uneven split already makes the last stage "
+                                                     "lighter (TransformerConfig raises)",
+               "pipeline_model_parallel_layout": "give either the layout string or the first/last counts "
+                                                 "(TransformerConfig raises)"}
+    return [Problem(a.at(dest), f"{dest_to_flag(dest)} cannot be combined with {given}", hint)
+            for dest, hint in refused.items() if a.get(dest)]
 
 
 def _vpp_dest(a: MegatronArgs) -> str:
@@ -271,7 +345,8 @@ def rule_optimizer(a: MegatronArgs, world_size: int | None) -> list[Problem]:
     return problems
 
 
-RULES = [rule_required, rule_positive, rule_shape, rule_query_groups, rule_sequence, rule_batch, rule_schedule,
+RULES = [rule_required, rule_positive, rule_shape, rule_uneven_split_flags,
+         rule_query_groups, rule_sequence, rule_batch, rule_schedule,
          rule_data, rule_precision_and_recompute, rule_optimizer]
 
 
@@ -398,8 +473,10 @@ def _close(word: str, choices: list[str]) -> str:
 
 
 _CONFIG_SIZES = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size",
-                 "vpp": "virtual_pipeline_model_parallel_size", "groups": "num_query_groups"}
+                 "vpp": "virtual_pipeline_model_parallel_size", "groups": "num_query_groups",
+                 "first": "num_layers_in_first_pipeline_stage", "last": "num_layers_in_last_pipeline_stage"}
 _CONFIG_POSITIVE = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers", "hidden_size",
+                    "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                     "num_attention_heads", "num_query_groups", "ffn_hidden_size", "kv_channels",
                     "virtual_pipeline_model_parallel_size", "context_parallel_size")
 
@@ -421,8 +498,12 @@ def _config_values(config: dict, path: str) -> list[Problem]:
     s = Sizes(tp=config.get("tensor_model_parallel_size", 1), pp=config.get("pipeline_model_parallel_size", 1),
               cp=config.get("context_parallel_size", 1), vpp=config.get("virtual_pipeline_model_parallel_size") or 1,
               layers=config.get("num_layers"), hidden=config.get("hidden_size"), heads=heads,
-              groups=config.get("num_query_groups") or heads)
-    problems = shape_problems(s, lambda key: f"{path}:{_CONFIG_SIZES[key]}")
+              groups=config.get("num_query_groups") or heads, first=config.get("num_layers_in_first_pipeline_stage"),
+              last=config.get("num_layers_in_last_pipeline_stage"),
+              accounted=int(bool(config.get("account_for_embedding_in_pipeline_split")))
+              + int(bool(config.get("account_for_loss_in_pipeline_split"))),
+              custom_layout=config.get("pipeline_model_parallel_layout") is not None)
+    problems = shape_problems(s, lambda key: f"{path}:{_CONFIG_SIZES[key]}", CONFIG_SPLIT_NAMES)
     hidden = config.get("hidden_size")
     if _ints_positive(hidden, heads) and hidden % heads and config.get("kv_channels") is None:
         problems.append(Problem(f"{path}:hidden_size", f"hidden_size({hidden}) % num_attention_heads({heads}) = "
@@ -476,7 +557,20 @@ def validate_megatron_run_dir(run_dir: str | Path, *, world_size: int, deep: boo
     return problems
 
 
+# megatron_config.json key -> args dest, compared even when the key is absent from the config (None).
+AGREEING_OPTIONAL = {"num_layers_in_first_pipeline_stage": "decoder_first_pipeline_num_layers",
+                     "num_layers_in_last_pipeline_stage": "decoder_last_pipeline_num_layers"}
+
+
 def _disagreements(args: MegatronArgs, config: dict, path: str) -> list[Problem]:
+    optional = [Problem(f"{path}:{key}", f"{key} is {config.get(key)!r} but megatron_args.txt gives "
+                        f"{args.get(dest)!r}", "regenerate the run dir with orch generate (the two files come "
+                        "from one plan)")
+                for key, dest in AGREEING_OPTIONAL.items() if config.get(key) != args.get(dest)]
+    return optional + _agreeing(args, config, path)
+
+
+def _agreeing(args: MegatronArgs, config: dict, path: str) -> list[Problem]:
     expected = {**{key: args.get(dest) for key, dest in AGREEING.items()},
                 "num_query_groups": sizes_of(args).groups, "gated_linear_unit": bool(args.get("swiglu")),
                 "virtual_pipeline_model_parallel_size": sizes_of(args).vpp if sizes_of(args).vpp > 1 else None}

@@ -6,7 +6,9 @@ Modes:
 
 * ``lm-check``: Megatron-LM's own ``parse_args`` + ``validate_args`` (megatron/training/arguments.py of
   the tree at ``root``) on ``args``, then what ``pretrain_gpt.py`` does next with them on CPU: the
-  micro-batch calculator, the null tokenizer's padded vocabulary, ``core_transformer_config_from_args``.
+  micro-batch calculator, the null tokenizer's padded vocabulary, ``core_transformer_config_from_args``
+  and, from that config, the transformer layers Megatron-Core builds on each pipeline rank
+  (``get_num_layers_to_build`` summed over the rank's virtual stages; fact ``layers_per_pipeline_rank``).
 * ``lm-flags``: the flag table of that ``arguments.py`` (flag -> dest, arity, type, choices, default).
 * ``core-config``: ``TransformerConfig(**kwargs)`` from megatron-core, dotted object names resolved.
 * ``batch``: a list of the above, answered in order (one interpreter, one megatron import).
@@ -117,11 +119,21 @@ def _transformer_config(arguments, args) -> dict:
     """pretrain_gpt's TransformerConfig; a refusal that only says Transformer Engine is missing HERE is
     recorded as skipped (the target GPU machines run --transformer-impl transformer_engine)."""
     try:
-        return {"transformer_config": type(arguments.core_transformer_config_from_args(args)).__name__}
+        config = arguments.core_transformer_config_from_args(args)
+        return {"transformer_config": type(config).__name__, "layers_per_pipeline_rank": _layers_per_rank(config)}
     except ValueError as exc:
         if _te_installed() or not re.search(r"install TE|Transformer ?Engine", str(exc)):
             raise
         return {"skipped": f"core_transformer_config_from_args needs Transformer Engine, not installed here: {exc}"}
+
+
+def _layers_per_rank(config) -> list[int]:
+    """Transformer layers Megatron-Core builds on each pipeline rank (all its virtual stages)."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build  # noqa: PLC0415
+
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    return [sum(get_num_layers_to_build(config, vp_stage=v if vpp > 1 else None, pp_rank=rank) for v in range(vpp))
+            for rank in range(config.pipeline_model_parallel_size)]
 
 
 def _te_installed() -> bool:

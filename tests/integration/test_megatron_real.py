@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.render.megatron import megatron_env, render_megatron_args, render_megatron_config
 from orchestrator.rundir import write_run_dir
-from orchestrator.validate.megatron import check_megatron_config, validate_megatron_args_file
+from orchestrator.validate.megatron import check_megatron_args, check_megatron_config, validate_megatron_args_file
 from orchestrator.validate.megatron_core import check_transformer_configs, megatron_core_available
 from orchestrator.validate.megatron_lm import (HOW_TO_ENABLE, LmRun, launch_script_env, megatron_lm_reports,
                                                megatron_lm_root)
@@ -49,6 +49,21 @@ FIXED = {
                                        "training.global_batch_size": 8,
                                        "data": {"synthetic": False, "path": "/data/llama3_text_document",
                                                 "tokenizer": "meta-llama/Meta-Llama-3-8B"}},
+}
+# Uneven pipeline splits (Megatron's --decoder-first/last-pipeline-num-layers), on "cpu" so that Megatron-LM
+# builds the TransformerConfig here and reports the layers it places on each pipeline rank.
+CPU16 = {"cluster.gpus_per_node": 16, "training.precision": "bf16", "parallelism.zero_stage": 1,
+         "parallelism.micro_batch_size": 1, "training.global_batch_size": 16}
+FIXED |= {
+    "tiny-5l-pp2-first2-last3-cpu": {"model.num_layers": 5, "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
+                                     "parallelism.first_stage_layers": 2, "parallelism.last_stage_layers": 3},
+    "126l-pp16-first7-last7-cpu": {**CPU16, "model.num_layers": 126, "parallelism.pipeline": 16,
+                                   "parallelism.first_stage_layers": 7, "parallelism.last_stage_layers": 7},
+    "126l-pp16-vpp2-first6-last8-cpu": {**CPU16, "model.num_layers": 126, "parallelism.pipeline": 16,
+                                        "parallelism.virtual_pipeline": 2, "parallelism.first_stage_layers": 6,
+                                        "parallelism.last_stage_layers": 8},
+    "126l-pp16-first-only-cpu": {**CPU16, "model.num_layers": 126, "parallelism.pipeline": 16,
+                                 "parallelism.first_stage_layers": 6},
 }
 # Megatron FSDP (ZeRO-2/3) with tp > 1: Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS is NOT 1.
 FSDP_TP = {**H100x8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 2, "parallelism.zero_stage": 2,
@@ -107,6 +122,39 @@ def test_megatron_lm_validate_args_accepts_the_run_dirs_arguments(case, lm_repor
     if "padded_vocab_size" in facts:
         assert facts["padded_vocab_size"] == plan.padded_vocab_size
     assert "Transformer Engine" in facts.get("skipped", "Transformer Engine")
+    if "layers_per_pipeline_rank" in facts:   # Megatron-Core places the layers the plan's split says
+        assert tuple(facts["layers_per_pipeline_rank"]) == plan.stage_split.counts
+
+
+UNEVEN = [case for case in FIXED if "first" in case]
+
+
+@pytest.mark.parametrize("case", UNEVEN)
+def test_megatron_places_the_uneven_split(case, lm_reports):
+    _, facts = lm_reports[case]
+    assert tuple(facts["layers_per_pipeline_rank"]) == plan_of(case).stage_split.counts
+    assert not plan_of(case).stage_split.is_even
+
+
+def test_megatron_lm_rejects_what_the_split_rules_reject():
+    """Megatron-LM's own verdict on split arguments orch's rules refuse (each rule has a Megatron twin)."""
+    root = lm_root()
+    tokens = render_megatron_args(plan_of("126l-pp16-vpp2-first6-last8-cpu"))
+
+    def with_flags(**flags):
+        out = list(tokens)
+        for flag, value in flags.items():
+            out[out.index(flag) + 1] = value
+        return LmRun(out, 16, {})
+
+    runs = [with_flags(**{"--decoder-first-pipeline-num-layers": "5", "--decoder-last-pipeline-num-layers": "9"}),
+            with_flags(**{"--decoder-first-pipeline-num-layers": "7"}),
+            with_flags(**{"--decoder-first-pipeline-num-layers": "6", "--decoder-last-pipeline-num-layers": "6"})]
+    verdicts = megatron_lm_reports(runs, megatron_lm_root=root)
+    for run, (problems, _) in zip(runs, verdicts):
+        ours = check_megatron_args(run.args, world_size=16, deep=False)
+        assert problems, "Megatron-LM accepts it"
+        assert ours, "orch's static check misses what Megatron-LM rejects"
 
 
 def test_megatron_fsdp_with_tensor_parallelism_needs_its_own_launch_env_and_rejections_quote_megatron():
@@ -158,6 +206,8 @@ def test_validate_megatron_args_file_deep_builds_a_transformer_config(tmp_path):
 
 ACCEPTED_DEFECTS = [
     ({"hidden_size": 130}, "hidden_size(130) % num_attention_heads(4)"),
+    ({"pipeline_model_parallel_size": 3, "num_layers_in_first_pipeline_stage": 3,     # -2 middle layers % 1
+      "num_layers_in_last_pipeline_stage": 3}, "every middle stage needs at least one layer"),
     ({"pipeline_model_parallel_size": 3}, "num_layers(4) % pp(3)"),
     ({"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 4}, "not divisible into vpp(4)"),
     ({"tensor_model_parallel_size": -2}, "tensor_model_parallel_size must be an integer >= 1"),

@@ -135,6 +135,21 @@ def test_pipeline_bubble_matches_1f1b(tmp_path):
     assert_loss_falls(records, margin=0.1)
 
 
+def test_uneven_pipeline_split_places_exact_layer_counts_and_trains(tmp_path):
+    """tiny-gpt with 5 layers on pp=2 as first 2 + last 3 (Megatron: with no middle stage first + last must
+    be num_layers). DeepSpeed's partition methods cannot express it; orch's PipelineModule subclass must
+    put the embeddings + 2 blocks on stage 0 and 3 blocks + final norm + output on stage 1."""
+    run_dir = make_run_dir(tmp_path / "run", **{**FAST, "training.train_iters": 8, "model.num_layers": 5,
+                                                "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
+                                                "parallelism.first_stage_layers": 2,
+                                                "parallelism.last_stage_layers": 3})
+    train(run_dir)
+    records = load_metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 9))
+    assert [rank["layers"] for rank in _info(run_dir)["ranks"]] == [[0, 4], [4, 9]]   # 2 + 2 blocks, 3 + 2
+    assert_loss_falls(records, margin=0.1)
+
+
 def test_single_process_has_no_allreduce(tmp_path):
     """dp = 1 in one process, started without torchrun."""
     run_dir = make_run_dir(tmp_path / "run", **{**FAST, "cluster.gpus_per_node": 1, "parallelism.zero_stage": 0,

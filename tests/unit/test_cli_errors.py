@@ -73,6 +73,18 @@ BAD_SPECS = [
     ("gqa-not-dividing", _yaml(**{"model.num_query_groups": 3}), "model.num_query_groups"),
     ("real-data-without-path", _yaml(**{"data.synthetic": False}), "data.path"),
     ("pdsh-host-count", _yaml(**{"launch.backend": "pdsh", "launch.pdsh.hosts": ["a", "b"]}), "launch.pdsh.hosts"),
+    ("layers-not-divisible-pp-hint", _yaml(**{"model.num_layers": 5, "parallelism.pipeline": 2,
+                                              "parallelism.zero_stage": 1}),
+     "set parallelism.first_stage_layers: 2 and parallelism.last_stage_layers: 3 (no middle stage)"),
+    ("uneven-split-without-pipeline", _yaml(**{"parallelism.first_stage_layers": 2}), "needs pp >= 2, got pp(1)"),
+    ("uneven-split-first-plus-last", _yaml(**{"model.num_layers": 5, "parallelism.pipeline": 2,
+                                              "parallelism.zero_stage": 1, "parallelism.first_stage_layers": 2,
+                                              "parallelism.last_stage_layers": 2}), "= 4 != num_layers(5) with pp(2)"),
+    ("uneven-split-zero-layers", _yaml(**{"model.num_layers": 5, "parallelism.pipeline": 2,
+                                          "parallelism.zero_stage": 1, "parallelism.last_stage_layers": 0}),
+     "parallelism.last_stage_layers: 0 is below the minimum 1"),
+    ("uneven-split-string", _yaml(**{"model.num_layers": 5, "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
+                                     "parallelism.first_stage_layers": "2"}), "parallelism.first_stage_layers"),
 ]
 
 

@@ -78,3 +78,28 @@ def test_plan_imports_no_training_stack():
     proc = subprocess.run([sys.executable, "-c", code, str(EXAMPLES / "llama3-8b-64xh100.yaml")],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.stderr.strip().endswith("[]"), proc.stderr
+
+
+def test_uneven_split_in_plan_json_and_generated_run_dir(tmp_path, capsys):
+    """BLOOM-176B's layout: the split appears in the LAYOUT record, spec.resolved.yaml, the Megatron files,
+    and plan.json notes that ds_config.json cannot express it (orch's trainer places it)."""
+    from orchestrator.published import BLOOM_176B, throughput_spec
+    from orchestrator.spec import spec_to_data
+
+    path = tmp_path / "bloom.yaml"
+    path.write_text(yaml.safe_dump(spec_to_data(throughput_spec(BLOOM_176B))))
+    code, out, err = run_cli(["plan", str(path), "--json"], capsys)
+    assert code == 0, err
+    chosen = json.loads(out)["chosen"]
+    assert (chosen["first_stage_layers"], chosen["last_stage_layers"]) == (5, 5)
+    assert chosen["tag"] == "tp4-pp12-f5l5-dp8-z1-mb2"
+    code, out, err = run_cli(["generate", str(path), "-o", str(tmp_path / "run")], capsys)
+    assert code == 0 and "orch's trainer places 5 + 10x6 + 5 transformer layers" in err
+    run = tmp_path / "run"
+    assert "first_stage_layers: 5" in (run / "spec.resolved.yaml").read_text()
+    args = (run / "megatron_args.txt").read_text().split()
+    assert args[args.index("--decoder-first-pipeline-num-layers") + 1] == "5"
+    assert json.loads((run / "megatron_config.json").read_text())["num_layers_in_last_pipeline_stage"] == 5
+    assert any("pipeline.partition" in n for n in json.loads((run / "plan.json").read_text())["notes"])
+    code, out, _ = run_cli(["validate", "--static", str(run)], capsys)
+    assert code == 0, out

@@ -1,6 +1,8 @@
 """Activation memory vs Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 and the 1F1B in-flight counts."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrator.estimate.activations import estimate_activations, in_flight_chunks, layer_activation_bytes
@@ -78,3 +80,30 @@ def test_last_stage_holds_logits_and_fewer_micro_batches():
     assert est.last_stage_layers_in_flight == 3
     assert est.logits_bytes == 2048 * 51200 // 8 * (2 + 2 + 4)
     assert est.last_stage_bytes < est.first_stage_bytes
+
+
+def test_uneven_split_in_flight_layers_per_stage():
+    """Stage r holds in_flight(r) * c_r / v layers: 126 layers as 7 + 14x8 + 7 on p = 16 (Llama 3 405B's
+    split) puts 16 x 7 = 112 layers' worth on stage 0 but 15 x 8 = 120 on stage 1, and 1 x 7 on the last."""
+    from orchestrator.stages import stage_split
+
+    shape = ModelShape(num_layers=126, hidden_size=4096, num_attention_heads=32, num_query_groups=32,
+                       ffn_hidden_size=4 * 4096, vocab_size=51200, seq_length=2048)
+    est = estimate_activations(shape, 8, 16, 1, True, "selective", 1, 64, 51200, 2, stage_split(126, 16, 7, 7))
+    per = layer_activation_bytes(shape, 8, True, "selective", 1)
+    assert (est.first_stage_layers_in_flight, est.middle_stage_layers_in_flight, est.last_stage_layers_in_flight) \
+        == (112, 120, 7)
+    assert est.middle_stage_bytes == 120 * per + est.working_bytes
+    assert est.middle_stage_bytes > est.first_stage_bytes - est.working_bytes - 3 * S * H // 8   # embedding out
+    # interleaved, v = 2 (6 + 14x8 + 8): stage r holds (p - r - 1)*2 + (v - 1)*p + 1 chunks of c_r / v layers
+    est2 = estimate_activations(shape, 8, 16, 2, True, "selective", 1, 64, 51200, 2, stage_split(126, 16, 6, 8))
+    assert est2.first_stage_layers_in_flight == in_flight_chunks(0, 16, 2, 64) * 3 == 47 * 3
+    assert est2.middle_stage_layers_in_flight == in_flight_chunks(1, 16, 2, 64) * 4 == 45 * 4
+    assert est2.last_stage_layers_in_flight == in_flight_chunks(15, 16, 2, 64) * 4 == 17 * 4
+
+
+def test_even_split_has_no_larger_middle_stage():
+    est = estimate_activations(MTNLG, T, 35, 1, True, "selective", 1, 64, 51200)
+    assert 0 < est.middle_stage_bytes < est.first_stage_bytes
+    two = dataclasses.replace(MTNLG, num_layers=104)
+    assert estimate_activations(two, T, 2, 1, True, "selective", 1, 64, 51200).middle_stage_bytes == 0  # no middle

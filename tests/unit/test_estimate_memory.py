@@ -94,3 +94,21 @@ def test_more_recompute_less_memory():
     base = dict(tp=8, pp=1, vpp=1, dp=8, zero_stage=1, micro_batch_size=4, sequence_parallel=False, offload="none")
     mems = [estimate_memory(ctx, Layout(**base, recompute=r)).activations_bytes for r in ("none", "selective", "full")]
     assert mems[0] >= mems[1] > mems[2]
+
+
+def test_lighter_first_stage_moves_the_memory_bottleneck_to_the_second():
+    """Llama 3 405B's 7 + 14x8 + 7 on pp = 16: stage 1 holds 15 micro-batches x 8 layers > 16 x 7 on stage 0."""
+    spec = parse_spec({"name": "m", "model": {"preset": "llama3-405b"},
+                       "cluster": {"gpu": "h100-sxm", "num_nodes": 16, "gpus_per_node": 8},
+                       "training": {"global_batch_size": 64, "precision": "bf16"}})
+    ctx = EstimateContext.of(spec)
+    base = dict(tp=8, pp=16, vpp=1, dp=1, zero_stage=0, micro_batch_size=1, sequence_parallel=True,
+                recompute="selective", offload="none")
+    uneven = estimate_memory(ctx, Layout(**base, first_stage_layers=7, last_stage_layers=7))
+    assert uneven.stage == "middle"
+    from orchestrator.estimate.activations import estimate_activations, layer_activation_bytes
+    from orchestrator.stages import stage_split
+
+    per = layer_activation_bytes(ctx.shape, 8, True, "selective", 1)
+    acts = estimate_activations(ctx.shape, 8, 16, 1, True, "selective", 1, 64, 129024, 2, stage_split(126, 16, 7, 7))
+    assert uneven.activations_bytes == acts.middle_stage_bytes == 15 * 8 * per + acts.working_bytes

@@ -73,3 +73,24 @@ def test_pipeline_stages_hold_their_layers_and_embeddings():
     assert est.first_stage_per_gpu == stage + vh + GPT.seq_length * GPT.hidden_size
     assert est.last_stage_per_gpu == stage + 2 * GPT.hidden_size + vh   # final norm + tied copy of the embedding
     assert est.per_gpu == max(est.first_stage_per_gpu, est.last_stage_per_gpu)
+
+
+def test_uneven_split_stages_hold_their_own_layer_counts():
+    """126 layers on pp=16 as 7 + 14x8 + 7: the middle stages hold the most layers and no embedding."""
+    from orchestrator.stages import stage_split
+
+    shape = ModelShape(num_layers=126, hidden_size=2304, num_attention_heads=24, num_query_groups=24,
+                       ffn_hidden_size=4 * 2304, vocab_size=51200, seq_length=2048)
+    est = estimate_params(shape, tp=2, pp=16, split=stage_split(126, 16, 7, 7))
+    layer, vh = layer_params_per_rank(shape, 2), est.padded_vocab_size * shape.hidden_size // 2
+    assert est.first_stage_per_gpu == 7 * layer + vh + shape.seq_length * shape.hidden_size
+    assert est.last_stage_per_gpu == 7 * layer + 2 * shape.hidden_size + vh
+    assert est.middle_stage_per_gpu == 8 * layer
+    assert est.per_gpu == max(est.first_stage_per_gpu, est.last_stage_per_gpu, est.middle_stage_per_gpu)
+    assert estimate_params(shape, tp=2, pp=16, split=stage_split(126, 16, 7, 7)).total == estimate_params(shape).total
+
+
+def test_even_split_is_the_default():
+    from orchestrator.stages import stage_split
+
+    assert estimate_params(GPT, 2, 4) == estimate_params(GPT, 2, 4, stage_split(24, 4))

@@ -79,3 +79,43 @@ def test_offload_reports_host_bytes_and_costs_time():
     assert off.memory.total_bytes < on.memory.total_bytes
     assert off.step_time_s > on.step_time_s
     assert off.to_dict()["memory"]["host_bytes"] > 0
+
+
+def test_stage_times_closed_form():
+    """Per micro-batch: first c_0*u + embedding, middle c*u, last c_{p-1}*u + head; the slowest paces the
+    steady state, the mean (num_layers/p * u + (embedding + head)/p) the fill and drain."""
+    from orchestrator.estimate.step import stage_times
+    from orchestrator.stages import stage_split
+
+    u, head, emb = 1.0, 1.5, 0.1
+    even = stage_times(stage_split(128, 16), u, head, emb)
+    assert even.slowest_s == 8 * u + head and even.slowest_layers == 8
+    assert even.mean_s == pytest.approx(8 * u + (head + emb) / 16)
+    uneven = stage_times(stage_split(126, 16, 7, 7), u, head, emb)          # 7 + 14x8 + 7
+    assert uneven.slowest_s == max(7 * u + emb, 7 * u + head, 8 * u) == 8.5
+    assert uneven.mean_s == pytest.approx(126 / 16 * u + (head + emb) / 16)
+    light = stage_times(stage_split(126, 16, 7, 7), u, 0.5, emb)             # head lighter than a layer
+    assert light.slowest_s == 8 * u and light.slowest_layers == 8
+    one = stage_times(stage_split(4, 1), u, head, emb)
+    assert one.slowest_s == one.mean_s == 4 * u + head + emb
+
+
+def test_uneven_split_step_time_follows_the_slowest_stage():
+    """BLOOM-176B's 5 + 10x6 + 5 on pp = 12: the pipeline term is m*(t_slowest + x) + (p-1)*(t_mean + x)."""
+    from orchestrator.published import BLOOM_176B, throughput_spec
+
+    spec = throughput_spec(BLOOM_176B)
+    lay = Layout(tp=4, pp=12, vpp=1, dp=8, zero_stage=1, micro_batch_size=2, sequence_parallel=False,
+                 recompute="full", offload="none", first_stage_layers=5, last_stage_layers=5)
+    est = estimate_layout(spec, lay)
+    b = est.breakdown
+    step = b.compute_s + b.bubble_s + b.tp_exposed_s + b.pp_exposed_s + b.dp_exposed_s + b.optimizer_s + b.offload_s
+    assert est.step_time_s == pytest.approx(step)
+    assert est.to_dict()["first_stage_layers"] == 5 and est.to_dict()["last_stage_layers"] == 5
+    assert "first_stage_layers" not in estimate_layout(SPEC, LAYOUT).to_dict()   # even: the record is unchanged
+    assert est.bubble_fraction == pytest.approx(11 / (128 + 11))
+    # With full recompute the output layer + loss cost about one layer (6V / (96h + 16s) = 1.07 here), so
+    # the balanced 5 + 10x6 + 5 beats a heavier first or last stage, whose extra layers pace every micro-batch.
+    for first, last in ((4, 6), (7, 3)):
+        other = estimate_layout(spec, dataclasses.replace(lay, first_stage_layers=first, last_stage_layers=last))
+        assert other.step_time_s > est.step_time_s * 1.1

@@ -113,3 +113,47 @@ def test_full_1t_search_completes():
     result = search(s)
     assert result.num_considered > 1000
     assert result.chosen.layout.tp == 8 and result.chosen.fits
+
+
+# --- uneven pipeline splits ---------------------------------------------------------------------------
+
+def test_pipeline_degrees_that_do_not_divide_the_layers_get_the_balanced_split():
+    """126 layers (llama3-405b) on 128 GPUs: pp = 16 is searched as 7 + 14x8 + 7, and every enumerated
+    layout states a split exactly when pp does not divide 126."""
+    from orchestrator.stages import balanced_split
+
+    s = spec("llama3-405b", "h100-sxm", nodes=16, batch=64, tensor=8, zero_stage=1, recompute="full")
+    lays = list(enumerate_layouts(s))
+    assert {l.pp for l in lays} == {1, 2, 4, 8, 16}           # divisors of 128 / tp; only 1 and 2 divide 126
+    for lay in lays:
+        assert lay.is_uneven == (126 % lay.pp != 0)
+        if lay.is_uneven:
+            assert (lay.first_stage_layers, lay.last_stage_layers) == balanced_split(126, lay.pp, lay.vpp)
+    assert any(l.pp == 16 and (l.first_stage_layers, l.last_stage_layers) == (7, 7) for l in lays)
+    assert all(not check_layout(s, l) for l in lays)
+
+
+def test_uneven_interleaving_only_where_every_stage_count_divides_by_v():
+    with pytest.raises(SpecError, match=r"num_layers\(126\) % pp\(16\)"):   # a fixed pp needs the split given
+        spec("llama3-405b", "h100-sxm", nodes=16, batch=64, tensor=8, pipeline=16)
+    s = spec("llama3-405b", "h100-sxm", nodes=16, batch=64, tensor=8, pipeline=16, zero_stage=1,
+             recompute="full", micro_batch_size=1, first_stage_layers=6, last_stage_layers=8)
+    lays = list(enumerate_layouts(s))
+    assert {l.vpp for l in lays} == {1, 2}                     # gcd(6, 8, 8) = 2
+    assert all((l.first_stage_layers, l.last_stage_layers) == (6, 8) for l in lays)
+
+
+def test_fixed_split_constrains_every_pipeline_degree():
+    s = spec("llama3-405b", "h100-sxm", nodes=16, batch=64, tensor=8, zero_stage=1, recompute="full",
+             first_stage_layers=7, last_stage_layers=7)
+    lays = list(enumerate_layouts(s))
+    assert lays and all((l.first_stage_layers, l.last_stage_layers) == (7, 7) for l in lays)
+    # 112 middle layers divide over pp - 2 = 2 and 14 middle stages, not 6; pp = 2 would need 7 + 7 = 126
+    assert {l.pp for l in lays} == {4, 16}
+
+
+def test_bloom_plans_its_published_uneven_split():
+    from orchestrator.published import BLOOM_176B, throughput_spec
+
+    chosen = search(throughput_spec(BLOOM_176B), top_k=1).chosen
+    assert chosen.layout.tag() == "tp4-pp12-f5l5-dp8-z1-mb2" and chosen.fits

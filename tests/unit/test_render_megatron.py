@@ -39,6 +39,10 @@ LAYOUTS = {
     "fp16-tp2-pp2-zero0": {**GPU8, "model.preset": "gpt3-1.7b", "training.precision": "fp16",
                            "parallelism.tensor": 2, "parallelism.pipeline": 2, "parallelism.zero_stage": 0,
                            "training.global_batch_size": 16},
+    "uneven-pp4-vpp2": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 2,
+                        "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 2, "parallelism.zero_stage": 1,
+                        "parallelism.micro_batch_size": 1, "training.global_batch_size": 32,
+                        "parallelism.first_stage_layers": 4, "parallelism.last_stage_layers": 4},
 }
 
 
@@ -90,6 +94,28 @@ def test_parallel_layout_tokens():
     assert "--num-layers-per-virtual-pipeline-stage" not in v and "--use-mcore-models" not in v
     assert "--sequence-parallel" not in v and v["--micro-batch-size"] == ["1"] and v["--global-batch-size"] == ["32"]
     assert "--data-parallel-size" not in v, "dp is derived by Megatron from WORLD_SIZE"
+
+
+def test_uneven_split_flags_and_config_fields():
+    plan = plan_for("uneven-pp4-vpp2")
+    v = values(render_megatron_args(plan))
+    assert v["--decoder-first-pipeline-num-layers"] == ["4"] and v["--decoder-last-pipeline-num-layers"] == ["4"]
+    assert v["--num-virtual-stages-per-pipeline-rank"] == ["2"] and v["--num-layers"] == ["24"]
+    config = render_megatron_config(plan)
+    assert config["num_layers_in_first_pipeline_stage"] == 4 and config["num_layers_in_last_pipeline_stage"] == 4
+    assert plan.stage_split.counts == (4, 8, 8, 4)
+    even = plan_for("pp4-vpp3")          # an even split renders neither
+    assert "--decoder-first-pipeline-num-layers" not in values(render_megatron_args(even))
+    assert not {"num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"} & set(
+        render_megatron_config(even))
+
+
+def test_only_one_end_given_renders_only_that_flag():
+    plan = fixed_plan(spec_data(**{**LAYOUTS["uneven-pp4-vpp2"], "parallelism.last_stage_layers": None,
+                                   "parallelism.first_stage_layers": 6, "parallelism.virtual_pipeline": 1}))
+    v = values(render_megatron_args(plan))
+    assert v["--decoder-first-pipeline-num-layers"] == ["6"] and "--decoder-last-pipeline-num-layers" not in v
+    assert plan.stage_split.counts == (6, 6, 6, 6)
 
 
 def test_gqa_swiglu_rmsnorm_rope_untied_no_bias_full_recompute():

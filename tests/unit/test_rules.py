@@ -11,6 +11,8 @@ from tests.conftest import spec_data
 BIG = {"model.preset": "gpt3-7.5b", "cluster.gpu": "a100-80gb", "cluster.num_nodes": 8,
        "cluster.gpus_per_node": 8, "training.global_batch_size": 512, "training.precision": "bf16"}
 
+L126 = {**BIG, "model.num_layers": 126, "parallelism.tensor": 1, "parallelism.zero_stage": 1}
+
 CASES = [
     # (overrides, expected path, text that must appear in the message)
     ({**BIG, "parallelism.tensor": 8, "parallelism.pipeline": 4, "parallelism.data": 3},
@@ -45,6 +47,26 @@ CASES = [
     ({"launch.pdsh.hosts": ["-oProxyCommand=x"]}, "launch.pdsh.hosts[0]", "not a host name"),
     ({**BIG, "parallelism.pipeline": 64, "cluster.num_nodes": 8, "model.num_layers": 36}, "parallelism.pipeline",
      "pp(64) > num_layers(36)"),
+    # uneven pipeline splits (Megatron-LM's --decoder-first/last-pipeline-num-layers rules)
+    ({**L126, "parallelism.pipeline": 16}, "parallelism.pipeline", "num_layers(126) % pp(16) = 14"),
+    ({**L126, "parallelism.pipeline": 16, "parallelism.first_stage_layers": 6, "parallelism.last_stage_layers": 7},
+     "parallelism.first_stage_layers", "= 113 middle layers % 14 middle stages"),
+    ({**L126, "parallelism.pipeline": 16, "parallelism.first_stage_layers": 60, "parallelism.last_stage_layers": 60},
+     "parallelism.first_stage_layers", "6 middle layers for 14 middle stage(s)"),
+    ({**L126, "parallelism.pipeline": 16, "parallelism.last_stage_layers": 7}, "parallelism.last_stage_layers",
+     "= 119 middle layers % 15 middle stages"),
+    ({"model.num_layers": 5, "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
+      "parallelism.first_stage_layers": 2, "parallelism.last_stage_layers": 2}, "parallelism.first_stage_layers",
+     "+ last_stage_layers(2) = 4 != num_layers(5) with pp(2)"),
+    ({"parallelism.first_stage_layers": 2}, "parallelism.first_stage_layers", "needs pp >= 2, got pp(1)"),
+    ({**L126, "parallelism.pipeline": 16, "parallelism.virtual_pipeline": 2, "parallelism.first_stage_layers": 7,
+      "parallelism.last_stage_layers": 7}, "parallelism.first_stage_layers",
+     "first_stage_layers(7) % virtual_pipeline(2) = 1"),
+    ({**L126, "model.num_layers": 21, "parallelism.pipeline": 4, "cluster.num_nodes": 2, "cluster.gpus_per_node": 2,
+      "parallelism.virtual_pipeline": 2, "parallelism.first_stage_layers": 4, "parallelism.last_stage_layers": 5},
+     "parallelism.last_stage_layers", "last_stage_layers(5) % virtual_pipeline(2) = 1"),
+    ({**L126, "parallelism.pipeline": 16, "parallelism.virtual_pipeline": 4, "parallelism.first_stage_layers": 12,
+      "parallelism.last_stage_layers": 16}, "parallelism.virtual_pipeline", "= 7 layers each, % virtual_pipeline(4)"),
 ]
 
 
@@ -55,6 +77,36 @@ def test_rule_fires_with_operands(overrides, path, text):
     matches = [p for p in info.value.problems if p.path == path and text in p.message]
     assert matches, [str(p) for p in info.value.problems]
     assert matches[0].hint  # every problem says how to fix it
+
+
+def test_case_ids_are_distinct():
+    ids = [c[1] + ":" + c[2][:20] for c in CASES]
+    assert len(set(ids)) == len(ids)
+
+
+def test_layers_not_divisible_hint_proposes_the_uneven_split():
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec_data(**{**L126, "parallelism.pipeline": 16}))
+    [p] = [p for p in info.value.problems if p.path == "parallelism.pipeline"]
+    assert p.hint == ("use a pipeline degree that divides the layer count, or split unevenly: set "
+                      "parallelism.first_stage_layers: 7 and parallelism.last_stage_layers: 7 (14 middle stages of 8)")
+
+
+@pytest.mark.parametrize("first,last", [(7, 7), (6, None), (None, 6)])
+def test_valid_uneven_split_passes(first, last):
+    split = {k: v for k, v in (("parallelism.first_stage_layers", first), ("parallelism.last_stage_layers", last))
+             if v is not None}
+    spec = parse_spec(spec_data(**{**L126, "parallelism.pipeline": 16, **split}))
+    assert (spec.parallelism.first_stage_layers, spec.parallelism.last_stage_layers) == (first, last)
+
+
+def test_uneven_split_is_not_an_open_field():
+    spec = parse_spec(spec_data(**{**L126, "parallelism.pipeline": 16, "parallelism.first_stage_layers": 7,
+                                   "parallelism.last_stage_layers": 7}))
+    lay = require_complete(spec)
+    assert (lay.first_stage_layers, lay.last_stage_layers) == (7, 7) and lay.tag() == "tp1-pp16-f7l7-dp4-z1-mb2"
+    assert Layout(tp=1, pp=1, vpp=1, dp=1, zero_stage=0, micro_batch_size=1, sequence_parallel=False,
+                  recompute="none", offload="none").is_complete    # None split = even, a complete value
 
 
 def test_valid_big_layout_passes():

@@ -101,3 +101,16 @@ def test_hash_is_stable_and_content_based():
 def test_resolved_data_round_trips():
     spec = parse_spec(TINY_SPEC)
     assert parse_spec(spec_to_data(spec)) == spec
+
+
+def test_uneven_split_fields_are_dumped_only_when_set():
+    """Optional fields added later leave existing specs' resolved data and hash unchanged."""
+    spec = parse_spec(TINY_SPEC)
+    assert "first_stage_layers" not in spec_to_data(spec)["parallelism"]
+    uneven = parse_spec(spec_data(**{"model.num_layers": 5, "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
+                                     "parallelism.first_stage_layers": 2, "parallelism.last_stage_layers": 3}))
+    data = spec_to_data(uneven)["parallelism"]
+    assert (data["first_stage_layers"], data["last_stage_layers"]) == (2, 3)
+    assert parse_spec(spec_to_data(uneven)) == uneven
+    explicit_null = parse_spec(spec_data(**{"parallelism.first_stage_layers": None}))
+    assert spec_sha256(explicit_null) == spec_sha256(spec)

@@ -118,3 +118,13 @@ def test_missing_run_dir_exits_2(tmp_path, capsys):
     from orchestrator.train.trainer import main
 
     assert main([str(tmp_path / "nope")]) == 2
+
+
+def test_stage_bounds_place_embeddings_first_and_head_last():
+    """pipeline_specs = [embed, pos, block x L, final norm, output]; bounds index into it per stage."""
+    from orchestrator.train.model import stage_bounds
+
+    assert stage_bounds([2, 3]) == [0, 4, 9]                 # 5 layers as 2 + 3
+    assert stage_bounds([2, 2]) == [0, 4, 8]                 # what DeepSpeed's "parameters" gives tiny-gpt pp2
+    assert stage_bounds([7] + [8] * 14 + [7])[-1] == 126 + 4
+    assert stage_bounds([4]) == [0, 8]

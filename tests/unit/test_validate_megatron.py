@@ -17,6 +17,9 @@ from tests.conftest import fixed_plan, spec_data
 
 WORLD = 2
 BASE = render_megatron_args(fixed_plan(spec_data(**{"parallelism.zero_stage": 1})))  # tp1 pp1 dp2, 4 layers
+UNEVEN = render_megatron_args(fixed_plan(spec_data(**{    # 5 layers as 2 + 3 on pp 2, dp 2
+    "model.num_layers": 5, "cluster.gpus_per_node": 4, "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
+    "parallelism.first_stage_layers": 2, "parallelism.last_stage_layers": 3})))
 
 
 def edit(tokens: list[str], set_: dict | None = None, drop: tuple = (), add: tuple = ()) -> list[str]:
@@ -95,6 +98,31 @@ BAD = [
      "needs --recompute-method"),
     ("fsdp-ckpt", edit(BASE, add=("--use-megatron-fsdp",)), WORLD, "--ckpt-format", "fsdp_dtensor"),
     ("required", edit(BASE, drop=("--num-attention-heads",)), WORLD, "--num-attention-heads", "is required"),
+    # uneven pipeline splits: Megatron-Core's TransformerConfig rules, and flags Megatron refuses beside them
+    ("uneven-sum", edit(UNEVEN, {"--decoder-first-pipeline-num-layers": "1"}), 4,
+     "--decoder-first-pipeline-num-layers", "= 4 != num_layers(5) with pp(2)"),
+    ("uneven-middle", edit(UNEVEN, {"--num-layers": "8", "--pipeline-model-parallel-size": "4"}), 8,
+     "--decoder-first-pipeline-num-layers", "= 3 middle layers % 2 middle stages (pp(4) - 2) = 1"),
+    ("uneven-zero", edit(UNEVEN, {"--decoder-last-pipeline-num-layers": "0"}), 4,
+     "--decoder-last-pipeline-num-layers", "decoder_last_pipeline_num_layers(0) must be >= 1"),
+    ("uneven-vpp", edit(UNEVEN, {"--num-layers": "10", "--pipeline-model-parallel-size": "4",
+                                 "--decoder-last-pipeline-num-layers": "2", "--global-batch-size": "16"},
+                        add=("--num-virtual-stages-per-pipeline-rank", "2")), 8,
+     "--num-virtual-stages-per-pipeline-rank", "= 3 layers each, % num_virtual_stages_per_pipeline_rank(2) = 1"),
+    ("uneven-vpp-first", edit(UNEVEN, {"--num-layers": "9", "--pipeline-model-parallel-size": "4",
+                                       "--decoder-first-pipeline-num-layers": "3",
+                                       "--decoder-last-pipeline-num-layers": "2", "--global-batch-size": "16"},
+                              add=("--num-virtual-stages-per-pipeline-rank", "2")), 8,
+     "--decoder-first-pipeline-num-layers", "decoder_first_pipeline_num_layers(3) % num_virtual_stages_per_pipeline"),
+    ("uneven-per-stage-vpp", edit(UNEVEN, add=("--num-layers-per-virtual-pipeline-stage", "1")), 4,
+     "--num-layers-per-virtual-pipeline-stage", "cannot be combined with --decoder-first-pipeline-num-layers"),
+    ("uneven-account-embedding", edit(UNEVEN, add=("--account-for-embedding-in-pipeline-split",)), 4,
+     "--account-for-embedding-in-pipeline-split", "cannot be combined with"),
+    ("uneven-layout-string", edit(UNEVEN, add=("--pipeline-model-parallel-layout", "Et|ttttL")), 4,
+     "--pipeline-model-parallel-layout", "cannot be combined with"),
+    ("accounted-layers-pp", edit(BASE, {"--pipeline-model-parallel-size": "2"},
+                                 add=("--account-for-embedding-in-pipeline-split",)), 4,
+     "--pipeline-model-parallel-size", "num_layers(4) + 1 (embedding/loss counted as layers"),
 ]
 
 
@@ -162,6 +190,23 @@ def test_stray_value_and_empty_file(tmp_path):
     assert "no arguments" in validate_megatron_args_file(empty, deep=False)[0].message
 
 
+def test_a_consistent_uneven_split_is_clean():
+    assert check_megatron_args(UNEVEN, 4, deep=False) == []
+    # 5 layers + the loss counted as a layer = 6 = 2 x 3: Megatron's other way to lighten a stage
+    assert check_megatron_args(edit(UNEVEN, drop=("--decoder-first-pipeline-num-layers",
+                                                  "--decoder-last-pipeline-num-layers"),
+                                    add=("--account-for-loss-in-pipeline-split",)), 4, deep=False) == []
+    # pp 4 with only the first count: the other three stages share 9 - 3 = 6 layers
+    only_first = edit(UNEVEN, {"--num-layers": "9", "--pipeline-model-parallel-size": "4",
+                               "--decoder-first-pipeline-num-layers": "3"},
+                      drop=("--decoder-last-pipeline-num-layers",))
+    assert check_megatron_args(only_first, 8, deep=False) == []
+    # the same layers without the split flags: layers % pp is back, and the hint names the split
+    [p] = check_megatron_args(edit(only_first, drop=("--decoder-first-pipeline-num-layers",)), 8, deep=False)
+    assert "num_layers(9) % pp(4) = 1" in p.message
+    assert "--decoder-first-pipeline-num-layers" in p.hint and "--decoder-last-pipeline-num-layers" in p.hint
+
+
 def test_without_world_size_the_batch_rule_waits():
     assert check_megatron_args(edit(BASE, {"--global-batch-size": "6"}), None, deep=False) == []
 
@@ -180,6 +225,12 @@ CONFIG = render_megatron_config(fixed_plan(spec_data(**{"parallelism.zero_stage"
     ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size", "must be an integer >= 1"),
     ({"params_dtype": "bfloat16"}, "params_dtype", "dotted name"),
     ({"sequence_parallel": True}, "sequence_parallel", "needs tensor_model_parallel_size > 1"),
+    ({"pipeline_model_parallel_size": 2, "num_layers_in_first_pipeline_stage": 1,
+      "num_layers_in_last_pipeline_stage": 2}, "num_layers_in_first_pipeline_stage", "= 3 != num_layers(4) with pp(2)"),
+    ({"pipeline_model_parallel_size": 3, "num_layers_in_last_pipeline_stage": 1}, "num_layers_in_last_pipeline_stage",
+     "= 3 middle layers % 2 middle stages"),
+    ({"pipeline_model_parallel_size": 2, "num_layers_in_first_pipeline_stage": 0},
+     "num_layers_in_first_pipeline_stage", "must be an integer >= 1"),
 ])
 def test_bad_megatron_config(tmp_path, change, path, text):
     from orchestrator.validate.megatron_core import transformer_config_fields
@@ -205,6 +256,25 @@ def test_config_file_errors(tmp_path):
     assert "invalid JSON" in validate_megatron_config_file(bad, deep=False)[0].message
     bad.write_text("[1, 2]")
     assert "JSON object" in validate_megatron_config_file(bad, deep=False)[0].message
+
+
+def test_uneven_config_is_clean():
+    assert check_megatron_config({**CONFIG, "pipeline_model_parallel_size": 3, "num_layers_in_first_pipeline_stage": 2},
+                                 deep=False) == []
+
+
+def test_run_dir_split_must_agree(tmp_path):
+    plan = fixed_plan(spec_data(**{"model.num_layers": 5, "cluster.gpus_per_node": 4, "parallelism.pipeline": 2,
+                                   "parallelism.zero_stage": 1, "parallelism.first_stage_layers": 2,
+                                   "parallelism.last_stage_layers": 3}))
+    run = write_run_dir(plan, tmp_path / "run")
+    assert validate_megatron_run_dir(run, world_size=plan.world_size, deep=False) == []
+    config = json.loads((run / "megatron_config.json").read_text())
+    del config["num_layers_in_last_pipeline_stage"]
+    (run / "megatron_config.json").write_text(json.dumps(config))
+    problems = validate_megatron_run_dir(run, world_size=plan.world_size, deep=False)
+    assert [p.path.rsplit(":", 1)[1] for p in problems] == ["num_layers_in_last_pipeline_stage"]
+    assert "None but megatron_args.txt gives 3" in problems[0].message
 
 
 def test_run_dir_files_agree(tmp_path):
