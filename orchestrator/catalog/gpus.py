@@ -15,6 +15,10 @@ load (every GPU of the node busy) over the clock its datasheet peak assumes: MAM
 clock, training is not. A100: 1305/1410 MHz, the clock NVIDIA uses for A100 HPL Rpeak because it is what
 the 400 W limit sustains (G. Lockwood, glennklockwood.com/garden/peak-FLOPS). Not published for the other
 parts; the same 7% drop is assumed until measured (mamf-finder.py's sustained MSMF figure, or calibration).
+``tp_comm_overlap``: with sequence parallelism, Megatron-Core's ``--tp-comm-overlap`` pipelines the
+all-gather / reduce-scatter of each tensor-parallel GEMM with the GEMM itself through Transformer Engine's
+userbuffers over NVLink/NVSwitch (TE and Megatron-Core docs); true for NVIDIA parts with NVLink, false for
+PCIe-only parts, AMD (ROCm TE without userbuffers) and CPUs.
 ``attention_efficiency`` is the fraction of dense peak a fused (flash) attention kernel reaches over forward
 and backward at head dim 128: FlashAttention-2 reaches 50-73% of A100 peak forward, less backward (Dao 2023,
 arXiv 2307.08691); on H100 FlashAttention-2 reaches ~35% and FlashAttention-3 / cuDNN up to 75% forward
@@ -43,6 +47,7 @@ class GpuSpec:
     num_sms: int = 108                # SMs (CUs on AMD): one GEMM tile runs per SM per wave
     sustained_clock_fraction: float = 0.926   # sustained clock at the power limit / datasheet clock
     attention_efficiency: float = 0.45        # fused attention, forward + backward, fraction of peak
+    tp_comm_overlap: bool = False             # Transformer Engine userbuffers can overlap TP comm with GEMMs
 
     def peak_for(self, precision: str) -> float:
         """Dense peak FLOP/s for a training precision (fp32 training runs on TF32 tensor cores)."""
@@ -69,11 +74,11 @@ _MAMF_SRC = ("MAMF from S. Bekman, 'Machine Learning Engineering', compute/accel
 
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
     GpuSpec("a100-40gb", _A100, 40960 * MiB, 1555, 230, 25, 25, _A100_SRC + "; 40 GB HBM2, 1555 GB/s",
-            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55),
+            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55, tp_comm_overlap=True),
     GpuSpec("a100-80gb", _A100, 81920 * MiB, 2039, 230, 25, 25, _A100_SRC + "; 80 GB HBM2e, 2039 GB/s",
-            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55),
+            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55, tp_comm_overlap=True),
     GpuSpec("h100-sxm", _H100, 81559 * MiB, 3350, 370, 45, 50, _H100_SRC + "; 80 GB HBM3, 3.35 TB/s",
-            matmul_efficiency=0.803, num_sms=132),
+            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True),
     GpuSpec("h100-pcie", {"fp32": 51.2 * TFLOPS, "tf32": 378 * TFLOPS, "bf16": 756 * TFLOPS,
                           "fp16": 756 * TFLOPS, "fp8": 1513 * TFLOPS},
             81559 * MiB, 2000, 50, 12.5, 50,
@@ -83,13 +88,13 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
     GpuSpec("h200", _H100, 143771 * MiB, 4800, 370, 45, 50,
             "NVIDIA H200 datasheet: same Hopper tensor cores as H100 SXM (989.4 TF bf16 dense), 141 GB HBM3e "
             "4.8 TB/s; NVLink4 900 GB/s (busbw ~370 GB/s); 8x 400 Gb/s NDR per node -> 50 GB/s per GPU",
-            matmul_efficiency=0.803, num_sms=132),
+            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True),
     GpuSpec("b200", {"fp32": 80 * TFLOPS, "tf32": 1100 * TFLOPS, "bf16": 2250 * TFLOPS,
                      "fp16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS},
             183359 * MiB, 8000, 720, 45, 50,
             "NVIDIA DGX B200 / HGX B200 datasheet: 2.25 PF bf16 dense per GPU (4.5 PF sparse), 180 GB HBM3e "
             "8 TB/s; NVLink5 1.8 TB/s bidirectional (busbw ~720 GB/s); 8x 400 Gb/s ConnectX-7 per 8 GPUs",
-            matmul_efficiency=0.776, num_sms=148),
+            matmul_efficiency=0.776, num_sms=148, tp_comm_overlap=True),
     GpuSpec("mi300x", {"fp32": 163.4 * TFLOPS, "tf32": 653.7 * TFLOPS, "bf16": 1307.4 * TFLOPS,
                        "fp16": 1307.4 * TFLOPS, "fp8": 2614.9 * TFLOPS},
             196592 * MiB, 5300, 310, 45, 50,

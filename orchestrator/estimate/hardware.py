@@ -37,6 +37,7 @@ class Hardware:
     kernel_gap_s: float
     latency_s: float
     fused_grad_accumulation: bool = False
+    tp_comm_overlap: bool = False   # the GPU can overlap TP comm with GEMMs (catalog)
 
     @property
     def world_size(self) -> int:
@@ -58,7 +59,8 @@ def hardware_for(spec: Spec, cost: CostModel) -> Hardware:
         hbm_Bps=gpu.hbm_bandwidth_GBps * GB * cost.hbm_efficiency, intra_Bps=intra * GB, inter_Bps=inter * GB,
         host_Bps=gpu.host_link_GBps * GB, gpus_per_node=c.gpus_per_node, num_nodes=c.num_nodes,
         dtype_bytes=DTYPE_BYTES[spec.training.precision], kernel_gap_s=cost.kernel_gap_s,
-        latency_s=cost.collective_latency_s, fused_grad_accumulation=cost.fused_grad_accumulation)
+        latency_s=cost.collective_latency_s, fused_grad_accumulation=cost.fused_grad_accumulation,
+        tp_comm_overlap=gpu.tp_comm_overlap)
 
 
 def _override(calibrated: float | None, catalog: float) -> float:

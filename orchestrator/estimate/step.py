@@ -220,7 +220,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     tp_pl = group_placement(tp, 1, gpn)
     tp_bytes, tp_s = tensor_parallel_layer_comm(tokens=tokens, hidden=shape.hidden_size, pl=tp_pl,
                                                 sp=bool(lay.sequence_parallel), full_recompute=full, hw=hw)
-    tp_exposed = (1 - cost.tp_overlap) * tp_s
+    tp_hidden = tp_overlap_fraction(cost, hw, lay)
+    tp_exposed = (1 - tp_hidden) * tp_s
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
     head = slow * head_time_s(shape, hw, tp, mb, params.padded_vocab_size)
     emb = slow * embedding_time_s(shape, hw, tp, mb)
@@ -252,7 +253,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
                         dp_reduce_s=dp_comm.reduce_s,
-                        tp_exposed_s=(1 - cost.tp_overlap) * tp_total,
+                        tp_exposed_s=(1 - tp_hidden) * tp_total,
                         pp_exposed_s=m * x_exposed + emb_sync)
     fill = pipe - m * (slowest + x_exposed)
     breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * tp_exposed), bubble_s=fill,
@@ -268,6 +269,16 @@ def _layers_holding_most_params(split: StageSplit, params: ParamsEstimate) -> in
     if split.pp > 2:
         held.setdefault(params.middle_stage_per_gpu, split.middle)
     return held.get(params.per_gpu, split.first)
+
+
+def uses_tp_comm_overlap(hw: Hardware, lay: Layout) -> bool:
+    """--tp-comm-overlap applies: sequence parallelism over tp > 1 on a GPU whose TE can overlap."""
+    return bool(lay.sequence_parallel) and lay.tp > 1 and hw.tp_comm_overlap
+
+
+def tp_overlap_fraction(cost: CostModel, hw: Hardware, lay: Layout) -> float:
+    """Share of the tensor-parallel collectives hidden behind compute."""
+    return cost.tp_comm_overlap if uses_tp_comm_overlap(hw, lay) else cost.tp_overlap
 
 
 def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int) -> tuple[float, float]:

@@ -40,6 +40,7 @@ arguments: the trainer reads them from spec.resolved.yaml.
 """
 from __future__ import annotations
 
+from ..catalog.gpus import GPUS
 from ..plan import Plan
 
 MEGATRON_LM_TAG = "core_v0.16.1"
@@ -85,7 +86,14 @@ def _parallel_args(plan: Plan) -> list[str]:
         args += ["--decoder-last-pipeline-num-layers", str(lay.last_stage_layers)]
     if lay.sequence_parallel:
         args.append("--sequence-parallel")
+        if uses_tp_comm_overlap(plan):
+            args.append("--tp-comm-overlap")  # what the cost model assumed (estimate/step.py)
     return args + _data_parallel_args(plan) + _recompute_args(plan)
+
+
+def uses_tp_comm_overlap(plan: Plan) -> bool:
+    """Sequence parallelism over tp > 1 on a GPU whose Transformer Engine can overlap TP comm (catalog)."""
+    return bool(plan.layout.sequence_parallel) and plan.layout.tp > 1 and GPUS[plan.spec.cluster.gpu].tp_comm_overlap
 
 
 def _data_parallel_args(plan: Plan) -> list[str]:
