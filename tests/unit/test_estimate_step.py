@@ -119,3 +119,30 @@ def test_uneven_split_step_time_follows_the_slowest_stage():
     for first, last in ((4, 6), (7, 3)):
         other = estimate_layout(spec, dataclasses.replace(lay, first_stage_layers=first, last_stage_layers=last))
         assert other.step_time_s > est.step_time_s * 1.1
+
+
+def _tp_exposed_fraction(gpu: str, sp: bool) -> float:
+    spec = parse_spec({"name": "s", "model": {"preset": "gpt3-7.5b"},
+                       "cluster": {"gpu": gpu, "num_nodes": 8, "gpus_per_node": 8},
+                       "training": {"global_batch_size": 512, "precision": "bf16"}})
+    comm = estimate_layout(spec, dataclasses.replace(LAYOUT, sequence_parallel=sp)).comm
+    return comm.tp_exposed_s / comm.tp_s
+
+
+def test_tp_comm_overlap_with_sequence_parallelism_on_nvlink_gpus_only():
+    hidden = CostModel().tp_comm_overlap
+    assert _tp_exposed_fraction("a100-80gb", sp=True) == pytest.approx(1 - hidden)   # --tp-comm-overlap
+    assert _tp_exposed_fraction("a100-80gb", sp=False) == pytest.approx(1.0)         # plain all-reduces
+    assert _tp_exposed_fraction("l40s", sp=True) == pytest.approx(1.0)               # PCIe: no userbuffers
+
+
+def test_megatron_args_carry_tp_comm_overlap_exactly_when_the_model_assumed_it():
+    from orchestrator.plan import Plan
+    from orchestrator.render.megatron import render_megatron_args
+
+    for gpu, sp, expected in (("h100-sxm", True, True), ("h100-sxm", False, False), ("l40s", True, False)):
+        spec = parse_spec({"name": "s", "model": {"preset": "gpt3-7.5b"},
+                           "cluster": {"gpu": gpu, "num_nodes": 8, "gpus_per_node": 8},
+                           "training": {"global_batch_size": 512, "precision": "bf16"}})
+        plan = Plan(spec=spec, layout=dataclasses.replace(LAYOUT, sequence_parallel=sp), chosen={})
+        assert ("--tp-comm-overlap" in render_megatron_args(plan)) is expected
