@@ -263,7 +263,7 @@ def _network_line(ctx: EstimateContext, est: LayoutEstimate) -> str:
     dp_nodes = group_placement(lay.dp, lay.tp, hw.gpus_per_node).num_nodes
     where = "inside one node" if dp_nodes == 1 else f"across {dp_nodes} nodes at {hw.inter_Bps / 1e9:.0f} GB/s per GPU"
     return (f"network: {comm.exposed_s / est.step_time_s:.1%} of the step is exposed communication "
-            f"(TP {comm.tp_exposed_s:.3g} s over NVLink at {hw.intra_Bps / 1e9:.0f} GB/s busbw, PP {comm.pp_exposed_s:.3g} s, "
+            f"(TP {comm.tp_exposed_s:.3g} s inside the node at {hw.intra_Bps / 1e9:.0f} GB/s busbw, PP {comm.pp_exposed_s:.3g} s, "
             f"DP {comm.dp_exposed_s:.3g} s of {comm.dp_s:.3g} s; the DP group of {lay.dp} lies {where}).")
 
 

@@ -48,6 +48,7 @@ class GpuSpec:
     sustained_clock_fraction: float = 0.926   # sustained clock at the power limit / datasheet clock
     attention_efficiency: float = 0.45        # fused attention, forward + backward, fraction of peak
     tp_comm_overlap: bool = False             # Transformer Engine userbuffers can overlap TP comm with GEMMs
+    runtime_bytes: int | None = None          # framework runtime per process; None: the cost model's CUDA context
 
     def peak_for(self, precision: str) -> float:
         """Dense peak FLOP/s for a training precision (fp32 training runs on TF32 tensor cores)."""
@@ -114,7 +115,8 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             "AVX2 FMA units, 8 fp32 lanes each, at ~3 GHz (2*2*8*3e9 = 96e9), rounded. 'HBM' is the share "
             "of host memory a process may use; bandwidths are gloo over loopback (~1 GB/s measured, "
             "10M fp32 all_reduce in ~40 ms on 2 processes); matmul efficiency 0.5 assumed (BLAS sgemm on "
-            "one core), one 'SM' (no wave quantisation)",
+            "one core), one 'SM' (no wave quantisation). Runtime memory: no CUDA context; python + torch + "
+            "deepspeed hold ~0.24 GiB of RSS after import and ~0.5 GiB training the tiny model (measured): 0.4 GiB",
             matmul_efficiency=0.5, num_sms=1, sustained_clock_fraction=1.0,
-            attention_efficiency=0.25),
+            attention_efficiency=0.25, runtime_bytes=400 * MiB),
 ]}

@@ -100,11 +100,16 @@ class OverheadEstimate:
 
 
 def estimate_overheads(cost: CostModel, *, num_groups: int, dp: int, zero_stage: int, local_grad_bytes: float,
-                       largest_layer_params: int, activations_bytes: float, dtype_bytes: int = 2) -> OverheadEstimate:
-    """The explicit overhead terms for one GPU (see CostModel for each default's reason)."""
+                       largest_layer_params: int, activations_bytes: float, dtype_bytes: int = 2,
+                       runtime_bytes: int | None = None) -> OverheadEstimate:
+    """The explicit overhead terms for one GPU (see CostModel for each default's reason).
+
+    ``runtime_bytes`` replaces the CUDA context where the accelerator has none (the catalog's cpu entry).
+    """
     buckets = 2 * min(local_grad_bytes, cost.dp_bucket_bytes) if dp > 1 else 0.0
     live = ZERO3_LIVE_FACTOR * largest_layer_params * dtype_bytes / 2 if zero_stage == 3 else 0.0
-    return OverheadEstimate(cuda_context_bytes=cost.cuda_context_bytes,
+    context = cost.cuda_context_bytes if runtime_bytes is None else runtime_bytes
+    return OverheadEstimate(cuda_context_bytes=context,
                             nccl_bytes=num_groups * cost.nccl_bytes_per_group, dp_bucket_bytes=buckets,
                             zero3_live_bytes=live, fragmentation_bytes=cost.fragmentation * activations_bytes)
 

@@ -145,7 +145,7 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
         over = estimate_overheads(cost, num_groups=groups, dp=lay.dp, zero_stage=lay.zero_stage,
                                   local_grad_bytes=psi * hw.dtype_bytes,
                                   largest_layer_params=params.largest_layer_per_gpu, activations_bytes=act,
-                                  dtype_bytes=hw.dtype_bytes)
+                                  dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes)
         stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, headroom=cost.hbm_headroom,
                                    stage=name, host_capacity_bytes=cost.host_memory_bytes_per_gpu))
     return busiest_stage(*stages)
