@@ -385,10 +385,7 @@ cmd_status() {
 
 cmd_env() {
     [[ -e "${STATE}/cluster.env" ]] || die "no cluster configured in ${STATE}; run: slurm/cluster.sh up"
-    local line
-    while IFS= read -r line; do
-        printf 'export %s\n' "${line}"
-    done <"${STATE}/cluster.env"
+    print_exports "${STATE}/cluster.env"
 }
 
 main() {

@@ -201,3 +201,11 @@ show_logs() {
         tail -n 15 "${f}" >&2
     done
 }
+
+# Print each NAME=value line of an env file as an `export` line (for `eval "$(... env)"`).
+print_exports() {
+    local file="$1" line
+    while IFS= read -r line; do
+        printf 'export %s\n' "${line}"
+    done <"${file}"
+}

@@ -186,10 +186,7 @@ cmd_status() {
 
 cmd_env() {
     [[ -e "${SSH_DIR}/sshd.env" ]] || die "no sshd configured in ${SSH_DIR}; run: slurm/sshd.sh up"
-    local line
-    while IFS= read -r line; do
-        printf 'export %s\n' "${line}"
-    done <"${SSH_DIR}/sshd.env"
+    print_exports "${SSH_DIR}/sshd.env"
 }
 
 main() {
