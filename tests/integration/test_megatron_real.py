@@ -22,29 +22,14 @@ from orchestrator.validate.megatron_core import check_transformer_configs, megat
 from orchestrator.validate.megatron_lm import (HOW_TO_ENABLE, LmRun, launch_script_env, megatron_lm_reports,
                                                megatron_lm_root)
 from tests.conftest import EXAMPLES, ROOT, fixed_plan, spec_data
+from tests.megatron_layouts import GPU8, MEGATRON_LAYOUTS
 
 pytestmark = pytest.mark.integration
 needs_core = pytest.mark.skipif(not megatron_core_available(), reason="megatron-core (the [train] extra) is not installed")
 
-H100x8 = {"cluster.gpu": "h100-sxm", "cluster.gpus_per_node": 8, "training.precision": "bf16"}
 FIXED = {
-    "tiny-tp2-sp-zero1-selective-cpu": {"parallelism.tensor": 2, "parallelism.sequence_parallel": True,
-                                        "parallelism.zero_stage": 1, "parallelism.recompute": "selective",
-                                        "training.global_batch_size": 4},
-    "llama3-8b-tp4-pp2-gqa-full": {**H100x8, "model.preset": "llama3-8b", "parallelism.tensor": 4,
-                                   "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
-                                   "parallelism.micro_batch_size": 1, "parallelism.sequence_parallel": True,
-                                   "parallelism.recompute": "full", "training.global_batch_size": 16},
-    "gpt3-1.7b-tp2-pp4-vpp3": {**H100x8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2,
-                               "parallelism.tensor": 2, "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 3,
-                               "parallelism.zero_stage": 1, "parallelism.micro_batch_size": 1,
-                               "training.global_batch_size": 32},
-    "gpt3-1.7b-zero3-offload": {**H100x8, "model.preset": "gpt3-1.7b", "parallelism.zero_stage": 3,
-                                "parallelism.offload": "optimizer+params", "training.global_batch_size": 64},
-    "gpt3-1.7b-fp16-tp2-pp2-zero0": {**H100x8, "model.preset": "gpt3-1.7b", "training.precision": "fp16",
-                                     "parallelism.tensor": 2, "parallelism.pipeline": 2, "parallelism.zero_stage": 0,
-                                     "training.global_batch_size": 16},
-    "llama3-8b-dataset-hf-tokenizer": {**H100x8, "model.preset": "llama3-8b", "parallelism.tensor": 8,
+    **MEGATRON_LAYOUTS,
+    "llama3-8b-dataset-hf-tokenizer": {**GPU8, "model.preset": "llama3-8b", "parallelism.tensor": 8,
                                        "parallelism.zero_stage": 1, "parallelism.micro_batch_size": 1,
                                        "training.global_batch_size": 8,
                                        "data": {"synthetic": False, "path": "/data/llama3_text_document",
@@ -66,7 +51,7 @@ FIXED |= {
                                  "parallelism.first_stage_layers": 6},
 }
 # Megatron FSDP (ZeRO-2/3) with tp > 1: Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS is NOT 1.
-FSDP_TP = {**H100x8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 2, "parallelism.zero_stage": 2,
+FSDP_TP = {**GPU8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 2, "parallelism.zero_stage": 2,
            "training.global_batch_size": 32}
 CASES = [f"example:{p.stem}" for p in sorted(EXAMPLES.glob("*.yaml"))] + sorted(FIXED)
 
@@ -161,7 +146,7 @@ def test_megatron_fsdp_with_tensor_parallelism_needs_its_own_launch_env_and_reje
     root = lm_root()
     fsdp = fixed_plan(spec_data(**FSDP_TP))
     fsdp_tokens = render_megatron_args(fsdp)
-    tiny = render_megatron_args(plan_of("tiny-tp2-sp-zero1-selective-cpu"))
+    tiny = render_megatron_args(plan_of("tp2-sp-selective-cpu"))
     hidden = list(tiny)
     hidden[hidden.index("--hidden-size") + 1] = "130"
     cuda1 = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
@@ -193,7 +178,7 @@ def test_rendered_megatron_config_builds_a_transformer_config(case, config_verdi
 
 @needs_core
 def test_validate_megatron_args_file_deep_builds_a_transformer_config(tmp_path):
-    plan = plan_of("llama3-8b-tp4-pp2-gqa-full")
+    plan = plan_of("gqa-swiglu-tp4-pp2-full")
     path = tmp_path / "megatron_args.txt"
     path.write_text("\n".join(render_megatron_args(plan)) + "\n")
     assert validate_megatron_args_file(path, world_size=plan.world_size, deep=True) == []

@@ -19,31 +19,9 @@ from orchestrator.validate.megatron import check_megatron_args, check_megatron_c
 from orchestrator.validate.megatron_args import flag_table
 from orchestrator.validate.megatron_core import transformer_config_fields
 from tests.conftest import ROOT, fixed_plan, spec_data
+from tests.megatron_layouts import GPU8, MEGATRON_LAYOUTS
 
-GPU8 = {"cluster.gpu": "h100-sxm", "cluster.gpus_per_node": 8, "training.precision": "bf16"}
-LAYOUTS = {
-    "tiny-zero2-cpu": {},
-    "tiny-zero0-cpu": {"parallelism.zero_stage": 0},
-    "tp2-sp-selective-cpu": {"parallelism.tensor": 2, "parallelism.sequence_parallel": True,
-                             "parallelism.zero_stage": 1, "parallelism.recompute": "selective",
-                             "training.global_batch_size": 4},
-    "gqa-swiglu-tp4-pp2-full": {**GPU8, "model.preset": "llama3-8b", "parallelism.tensor": 4,
-                                "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
-                                "parallelism.micro_batch_size": 1, "parallelism.sequence_parallel": True,
-                                "parallelism.recompute": "full", "training.global_batch_size": 16},
-    "pp4-vpp3": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 2,
-                 "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 3, "parallelism.zero_stage": 1,
-                 "parallelism.micro_batch_size": 1, "training.global_batch_size": 32},
-    "zero3-offload": {**GPU8, "model.preset": "gpt3-1.7b", "parallelism.zero_stage": 3,
-                      "parallelism.offload": "optimizer+params", "training.global_batch_size": 64},
-    "fp16-tp2-pp2-zero0": {**GPU8, "model.preset": "gpt3-1.7b", "training.precision": "fp16",
-                           "parallelism.tensor": 2, "parallelism.pipeline": 2, "parallelism.zero_stage": 0,
-                           "training.global_batch_size": 16},
-    "uneven-pp4-vpp2": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 2,
-                        "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 2, "parallelism.zero_stage": 1,
-                        "parallelism.micro_batch_size": 1, "training.global_batch_size": 32,
-                        "parallelism.first_stage_layers": 4, "parallelism.last_stage_layers": 4},
-}
+LAYOUTS = MEGATRON_LAYOUTS
 
 
 def plan_for(name: str):
