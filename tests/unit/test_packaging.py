@@ -43,10 +43,14 @@ def _modules_after(code: str) -> set[str]:
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def test_help_and_validate_import_no_training_stack():
+def test_fast_paths_import_no_training_stack(tmp_path):
+    out = tmp_path / "run"
     code = ("from orchestrator.cli import main\n"
-            "for argv in (['--help'], ['validate', '--static', 'examples/tiny-gpt-cpu.yaml'], ['init']):\n"
+            "for argv in (['--help'], ['validate', '--static', 'examples/tiny-gpt-cpu.yaml'], ['init'],\n"
+            "             ['plan', 'examples/llama3-8b-64xh100.yaml', '--json'],\n"
+            f"             ['generate', 'examples/tiny-gpt-cpu.yaml', '-o', {str(out)!r}],\n"
+            "             ['launch', " + repr(str(out)) + ", '--dry-run']):\n"
             "    try: main(argv)\n"
-            "    except SystemExit: pass")
+            "    except SystemExit as e: assert e.code == 0, (argv, e.code)")
     loaded = _modules_after(code)
     assert not [m for m in loaded if m.split(".")[0] in HEAVY]
