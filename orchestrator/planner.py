@@ -31,6 +31,7 @@ from .errors import Problem, SpecError
 from .estimate.comm import group_placement
 from .estimate.cost import CostModel
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
+from .estimate.uncertainty import plus_minus
 from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
 from .spec import ParallelismSpec, Spec
 from .stages import balanced_split, split_issues, stage_split
@@ -237,8 +238,10 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
             fitting: int) -> list[str]:
     """A few lines for people: why the winner won and what limits it (memory, bubble, network)."""
     top = ranked[0]
-    lines = [f"chose {describe(top)}: {top.step_time_s:.3g} s/step, {top.tflops_per_gpu:.3g} TFLOP/s per GPU, "
-             f"MFU {top.mfu:.1%}; {fitting} of {considered} layouts fit."]
+    pm = plus_minus(top.uncertainty)
+    lines = [f"chose {describe(top)}: {top.step_time_s:.3g} s/step, {top.tokens_per_s:,.0f} tokens/s {pm}, "
+             f"{top.tflops_per_gpu:.3g} TFLOP/s {pm} per GPU, MFU {top.mfu:.1%}; {fitting} of {considered} layouts fit.",
+             f"uncertainty {pm} ({top.uncertainty['regime']}): {top.uncertainty['basis']}."]
     if len(ranked) > 1:
         gap = ranked[1].step_time_s / top.step_time_s - 1
         diff = ", ".join(f"{f.name} {getattr(ranked[1].layout, f.name)}" for f in dataclasses.fields(Layout)

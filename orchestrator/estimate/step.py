@@ -32,6 +32,7 @@ from .hardware import Hardware, hardware_for
 from .memory import MemoryEstimate, busiest_stage, estimate_model_states, estimate_overheads, stage_memory
 from .params import ModelShape, ParamsEstimate, estimate_params, model_shape
 from .pipeline import bubble_fraction, pipeline_time_s
+from .uncertainty import layout_uncertainty, regime_of
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class LayoutEstimate:
     bubble_fraction: float
     comm: CommEstimate
     breakdown: StepBreakdown
+    uncertainty: dict          # expected relative error of tokens_per_s, its regime and basis (uncertainty.py)
 
     @property
     def grad_accum_steps(self) -> int:
@@ -110,6 +112,7 @@ class LayoutEstimate:
             "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
             "hfu": self.hfu, "bubble_fraction": self.bubble_fraction, "comm": self.comm.to_dict(),
             "breakdown": {k: float(v) for k, v in vars(self.breakdown).items()},
+            "uncertainty": dict(self.uncertainty),
         }
 
 
@@ -180,7 +183,9 @@ def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
         layout=lay, engine=ctx.engine, num_microbatches=m, memory=memory, flops=flops, step_time_s=step,
         tokens_per_s=ctx.global_batch * shape.seq_length / step, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / hw.peak_flops, hfu=flops.hardware_flops / (step * world) / hw.peak_flops,
-        bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown)
+        bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown,
+        uncertainty=layout_uncertainty(regime_of(ctx.engine, hw.name, lay.pp, lay.zero_stage),
+                                       calibrated=cost != CostModel()))
 
 
 @dataclass(frozen=True)
