@@ -12,8 +12,8 @@ those v for which every stage's count divides by v (the balanced split is recomp
 parallel when tp > 1; recompute none /
 selective / full (selective is the same as none with flash attention, so it is skipped there); ZeRO 0-3
 (0-1 with pp > 1, 0 when dp = 1); offload none / optimizer (ZeRO >= 1) / optimizer+params (ZeRO-3), only
-with pp = 1. A layout fits when its busiest GPU needs at most (1 - CostModel.hbm_headroom) of HBM and what
-it offloads fits its share of host memory (cluster.host_memory_GiB / gpus_per_node).
+with pp = 1 and never on gpu cpu (the host is the device: offload cannot pay off). A layout fits when its
+busiest GPU needs at most (1 - CostModel.hbm_headroom) of HBM and what it offloads fits its share of host memory (cluster.host_memory_GiB / gpus_per_node).
 Ranking: predicted step time, ties broken by memory. Every enumerated layout also passes
 :func:`orchestrator.layout.check_layout`.
 
@@ -144,7 +144,7 @@ def _inner(spec: Spec, fixed: Layout, tp: int, pp: int, dp: int, mb: int, num_mb
             recomputes = [r for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
             for rec in _opt(fixed.recompute, recomputes):
                 for zero in _opt(fixed.zero_stage, _zero_options(pp, dp)):
-                    for off in _opt(fixed.offload, _offload_options(pp, zero)):
+                    for off in _opt(fixed.offload, _offload_options(pp, zero, spec.cluster.gpu)):
                         yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
                                      sequence_parallel=sp, recompute=rec, offload=off,
                                      first_stage_layers=split[0], last_stage_layers=split[1])
@@ -198,8 +198,10 @@ def _zero_options(pp: int, dp: int) -> list[int]:
     return [0, 1] if pp > 1 else [0, 1, 2, 3]
 
 
-def _offload_options(pp: int, zero: int) -> list[str]:
-    if pp > 1 or zero == 0:
+def _offload_options(pp: int, zero: int, gpu: str) -> list[str]:
+    """Offload moves states from the device to host memory: never on the CPU target (the host is the
+    device, offload cannot pay off), never with the pipeline engine or without ZeRO."""
+    if pp > 1 or zero == 0 or gpu == "cpu":
         return ["none"]
     return ["none", "optimizer", "optimizer+params"] if zero == 3 else ["none", "optimizer"]
 

@@ -245,7 +245,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
         inter = tp * dp * pp > gpn
         one_bytes, one_s = pipeline_transfer(tokens=tokens, hidden=shape.hidden_size, tp_pl=tp_pl,
                                              sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
-        x = 2 * vpp * one_s
+        x = p2p_transfers_per_microbatch(ctx.engine, vpp) * one_s
         x_exposed = (1 - cost.pp_overlap) * x
         pp_bytes, pp_s = 2 * vpp * m * one_bytes, m * x
         if shape.tie_embeddings:
@@ -275,6 +275,16 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+
+
+def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
+    """Exposed pipeline transfers per micro-batch on a stage's critical path. Megatron's 1F1B sends the
+    activation forward and receives the gradient in one batched exchange (p2p_communication.py:
+    send_forward_recv_backward / send_backward_recv_forward), one each way per chunk: 2v. DeepSpeed's
+    pipeline engine runs SendActivation, RecvActivation, SendGrad and RecvGrad as separate blocking
+    instructions (deepspeed/runtime/pipe/schedule.py TrainSchedule, engine.py _exec_send_activations ...):
+    4, none overlapped."""
+    return 4 if engine == "deepspeed" else 2 * vpp
 
 
 def _layers_holding_most_params(split: StageSplit, params: ParamsEstimate) -> int:
