@@ -74,6 +74,12 @@ class CostModel:
     tp_comm_overlap: float = 0.75
     # Pipeline p2p in 1F1B: send/recv pairs are waited on before the next micro-batch; none hidden.
     pp_overlap: float = 0.0
+    # Hidden communication is not free: NCCL runs each channel as one CUDA block on one SM ("reducing the
+    # number of channels also reduces the number of CUDA blocks used for communication", NCCL docs,
+    # NCCL_MAX_NCHANNELS), so while a collective overlaps compute, channels / SMs of the GPU is taken from
+    # the GEMMs. 16 channels: the rings NCCL builds on 8-GPU NVLink/NVSwitch nodes (our estimate; NCCL_DEBUG
+    # shows the count). On the CPU target (one core, "1 SM") gloo's threads take the core itself.
+    comm_channels: int = 16
     # --- engine host overheads (DeepSpeed) ------------------------------------------------------------
     # Host time of one ZeRO-3 module fetch (DeepSpeed's pre-forward/pre-backward hooks: status checks, the
     # all-gather call and its wait, the release after use), on the critical path: the hook blocks the thread

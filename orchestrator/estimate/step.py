@@ -71,6 +71,7 @@ class StepBreakdown:
     offload_s: float        # ZeRO-3 parameter fetches from host (optimizer+params)
     engine_s: float = 0.0   # the runtime's own host work on the critical path (DeepSpeed: ZeRO-3 fetch hooks,
                             # the pipeline engine's per-micro-batch instructions)
+    contention_s: float = 0.0   # compute slowed by the SMs (CPU: the core) hidden collectives occupy
 
 
 @dataclass(frozen=True)
@@ -269,8 +270,10 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m)
     engine_s += fetch_host_s
-    step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s
     tp_total = m * stage_layers * tp_s
+    hidden_comm = (dp_comm.time_s - dp_comm.exposed_s) + tp_hidden * tp_total
+    contention = min(1.0, cost.comm_channels / hw.num_sms) * hidden_comm
+    step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s + contention
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
                         dp_reduce_s=dp_comm.reduce_s,
@@ -280,7 +283,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * tp_exposed), bubble_s=fill,
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s,
-                              engine_s=engine_s)
+                              engine_s=engine_s, contention_s=contention)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
 
 
