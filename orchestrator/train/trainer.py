@@ -35,7 +35,7 @@ class TrainOptions:
     run_dir: Path
     resume: bool = True
     max_steps: int | None = None
-    engine: str = "deepspeed"
+    engine: str | None = None      # None: the spec's training.engine
     telemetry: bool = True
 
 
@@ -74,12 +74,13 @@ def run(options: TrainOptions) -> int:
     from ..rundir import read_run_dir  # noqa: PLC0415
 
     run_dir = read_run_dir(options.run_dir)
-    if options.engine == "megatron":
+    engine = options.engine or run_dir.spec.training.engine or "deepspeed"
+    if engine == "megatron":
         from .megatron_engine import run_megatron  # noqa: PLC0415
 
         return run_megatron(run_dir, options)
-    if options.engine != "deepspeed":
-        raise SpecError(f"unknown engine {options.engine!r}", path="--engine")
+    if engine != "deepspeed":
+        raise SpecError(f"unknown engine {engine!r}", path="--engine")
     check_world_size(run_dir.spec)
     ensure_process_group_env()
     return _run_deepspeed(run_dir, options)
@@ -225,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="continue from the newest checkpoint when there is one (default: yes)")
     parser.add_argument("--max-steps", type=int, default=None,
                         help="stop (with a checkpoint) once this global step is reached")
-    parser.add_argument("--engine", choices=("deepspeed", "megatron"), default="deepspeed")
+    parser.add_argument("--engine", choices=("deepspeed", "megatron"), default=None,
+                        help="the runtime (default: the spec's training.engine)")
     parser.add_argument("--no-telemetry", dest="telemetry", action="store_false",
                         help="no per-step metrics (metrics.jsonl, W&B, progress lines)")
     args = parser.parse_args(argv)
