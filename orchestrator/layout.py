@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 from .errors import Problem, SpecError
 from .spec import Spec
-from .stages import SplitIssue, StageSplit, even_split_issue, split_issues, stage_split
+from .stages import SplitIssue, StageSplit, accounted_split, even_split_issue, split_issues, stage_split
 
 P = "parallelism"
 
@@ -37,6 +37,9 @@ class Layout:
     # stages' equal share, both None = the even split. Never "open": None is a complete value here.
     first_stage_layers: Optional[int] = None
     last_stage_layers: Optional[int] = None
+    # Megatron's --account-for-embedding/loss-in-pipeline-split: True, False, or None = undecided (the spec
+    # left it open; the planner's layouts say True or False). Never counted as an open field.
+    account_split: Optional[bool] = None
 
     @property
     def is_complete(self) -> bool:
@@ -58,10 +61,11 @@ class Layout:
         """Short name used for W&B tags and tables: tp8-pp4-dp2-z1-mb1."""
         vpp = f"-v{self.vpp}" if self.vpp and self.vpp > 1 else ""
         split = f"-f{self.first_stage_layers or ''}l{self.last_stage_layers or ''}" if self.is_uneven else ""
+        split += "-ael" if self.account_split else ""
         return f"tp{self.tp}-pp{self.pp}{vpp}{split}-dp{self.dp}-z{self.zero_stage}-mb{self.micro_batch_size}"
 
 
-SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers")
+SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_split")
 
 
 # Spec field (dotted path) for each layout field, so problems name what the user writes.
@@ -69,7 +73,8 @@ FIELD_PATHS = {"tp": f"{P}.tensor", "pp": f"{P}.pipeline", "vpp": f"{P}.virtual_
                "zero_stage": f"{P}.zero_stage", "micro_batch_size": f"{P}.micro_batch_size",
                "sequence_parallel": f"{P}.sequence_parallel", "recompute": f"{P}.recompute",
                "offload": f"{P}.offload", "first_stage_layers": f"{P}.first_stage_layers",
-               "last_stage_layers": f"{P}.last_stage_layers"}
+               "last_stage_layers": f"{P}.last_stage_layers",
+               "account_split": f"{P}.account_for_embedding_loss"}
 
 
 def layout_from_spec(spec: Spec) -> Layout:
@@ -81,11 +86,13 @@ def layout_from_spec(spec: Spec) -> Layout:
     return Layout(tp=p.tensor, pp=p.pipeline, vpp=p.virtual_pipeline, dp=dp, zero_stage=p.zero_stage,
                   micro_batch_size=p.micro_batch_size, sequence_parallel=p.sequence_parallel,
                   recompute=p.recompute, offload=p.offload, first_stage_layers=p.first_stage_layers,
-                  last_stage_layers=p.last_stage_layers)
+                  last_stage_layers=p.last_stage_layers, account_split=p.account_for_embedding_loss)
 
 
 def layout_split(num_layers: int, layout: Layout) -> StageSplit:
     """Layers per pipeline stage of a complete layout that passed the rules."""
+    if layout.account_split:
+        return accounted_split(num_layers, layout.pp)
     return stage_split(num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
 
 
@@ -164,8 +171,10 @@ def rule_groups_tp(spec: Spec, lay: Layout) -> Problem | None:
 def rule_layers_pp(spec: Spec, lay: Layout) -> Problem | None:
     """Even split (neither stage count given): num_layers % pp, then % (pp * vpp) with interleaving."""
     n = spec.model.num_layers
-    if not _known(lay.pp) or lay.is_uneven:
+    if not _known(lay.pp) or lay.is_uneven or lay.account_split:
         return None
+    if lay.account_split is None and engine_of(spec) == "megatron" and accounted_split(n, lay.pp) is not None:
+        return None   # undecided: the planner may count the embedding and the loss in the split
     issue = even_split_issue(n, lay.pp)
     if issue is not None:
         return _split_problem(issue)
@@ -182,6 +191,32 @@ _SPLIT_PATHS = {"first": FIELD_PATHS["first_stage_layers"], "last": FIELD_PATHS[
 
 def _split_problem(issue: SplitIssue) -> Problem:
     return Problem(_SPLIT_PATHS[issue.field], issue.message, issue.hint)
+
+
+def rule_account_split(spec: Spec, lay: Layout) -> Problem | None:
+    """--account-for-embedding/loss-in-pipeline-split: Megatron only, alone, (num_layers + 2) % pp == 0 and,
+    interleaved, ((num_layers + 2) / pp) % vpp == 0 (Megatron-LM's own arithmetic)."""
+    if not lay.account_split:
+        return None
+    path, n = FIELD_PATHS["account_split"], spec.model.num_layers
+    if engine_of(spec) != "megatron":
+        return Problem(path, "account_for_embedding_loss is Megatron's split; it needs training.engine megatron",
+                       "set training.engine: megatron, or account_for_embedding_loss: false")
+    if lay.is_uneven:
+        return Problem(path, "account_for_embedding_loss cannot be combined with first_stage_layers / "
+                       "last_stage_layers (Megatron-LM refuses both together)", "keep one of the two")
+    if not _known(lay.pp):
+        return None
+    if accounted_split(n, lay.pp) is None:
+        return Problem(path, f"num_layers({n}) + 2 (embedding and loss) = {n + 2} % pp({lay.pp}) = "
+                       f"{(n + 2) % lay.pp if lay.pp else 0}, must be 0 with pp >= 2 and >= 2 per stage",
+                       "use a pipeline size that divides num_layers + 2, or account_for_embedding_loss: false")
+    c = (n + 2) // lay.pp
+    if _known(lay.vpp) and lay.vpp > 1 and c % lay.vpp:
+        return Problem(FIELD_PATHS["vpp"], f"(num_layers({n}) + 2) / pp({lay.pp}) = {c} per stage % "
+                       f"virtual_pipeline({lay.vpp}) = {c % lay.vpp}, must be 0",
+                       f"use a virtual pipeline size that divides {c}")
+    return None
 
 
 def rule_stage_layers(spec: Spec, lay: Layout) -> Problem | None:
@@ -312,7 +347,8 @@ def rule_pdsh_hosts(spec: Spec, lay: Layout) -> Problem | None:
 
 MODEL_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_hidden_heads, rule_groups_heads]
 LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
-    rule_world_size, rule_heads_tp, rule_groups_tp, rule_layers_pp, rule_stage_layers, rule_pipeline_depth,
+    rule_world_size, rule_heads_tp, rule_groups_tp, rule_layers_pp, rule_stage_layers, rule_account_split,
+    rule_pipeline_depth,
     rule_vpp_needs_pp,
     rule_batch, rule_vpp_microbatches, rule_sequence_parallel, rule_pipeline_zero, rule_offload,
 ]

@@ -78,5 +78,6 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         tensor=layout.tp, pipeline=layout.pp, virtual_pipeline=layout.vpp, data=layout.dp,
         zero_stage=layout.zero_stage, micro_batch_size=layout.micro_batch_size,
         sequence_parallel=layout.sequence_parallel, recompute=layout.recompute, offload=layout.offload,
-        first_stage_layers=layout.first_stage_layers, last_stage_layers=layout.last_stage_layers))
+        first_stage_layers=layout.first_stage_layers, last_stage_layers=layout.last_stage_layers,
+        account_for_embedding_loss=True if layout.account_split else None))
 

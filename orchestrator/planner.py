@@ -34,7 +34,7 @@ from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_m
 from .estimate.uncertainty import plus_minus
 from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
 from .spec import ParallelismSpec, Spec
-from .stages import balanced_split, split_issues, stage_split
+from .stages import accounted_split, balanced_split, split_issues, stage_split
 
 GiB = 2**30
 RECOMPUTE = ("none", "selective", "full")
@@ -121,7 +121,7 @@ def _candidates(spec: Spec) -> Iterator[Layout]:
     world, m = spec.world_size, spec.model
     batch = spec.training.global_batch_size
     for tp in _tp_options(spec, fixed):
-        for pp in _opt(fixed.pp, _pp_options(m.num_layers, world, tp, fixed)):
+        for pp in _opt(fixed.pp, _pp_options(m.num_layers, world, tp, fixed, engine_of(spec) == "megatron")):
             if world % (tp * pp):
                 continue
             dp = world // (tp * pp)
@@ -133,12 +133,31 @@ def _candidates(spec: Spec) -> Iterator[Layout]:
                 yield from _inner(spec, fixed, tp, pp, dp, mb, batch // (mb * dp))
 
 
+def _split_variants(spec: Spec, fixed: Layout, pp: int, num_mb: int) -> Iterator[tuple[int, tuple, bool | None]]:
+    """(vpp, (first_stage_layers, last_stage_layers), account_split) for a pipeline degree: the even or
+    uneven split with its interleavings, and (engine megatron) the embedding/loss-accounted split with the
+    virtual sizes that divide its (num_layers + 2) / pp, each chunk keeping >= 2 slots."""
+    n, megatron = spec.model.num_layers, engine_of(spec) == "megatron"
+    regular = 0
+    if fixed.account_split is not True:
+        for vpp in _opt(fixed.vpp, _vpp_options(n, pp, num_mb, fixed) if megatron else [1]):
+            split = _split_for(n, pp, vpp, fixed)
+            if split is not None:
+                regular += 1
+                yield vpp, split, fixed.account_split      # None or False: not accounted
+    # Undecided with pp and vpp fixed: the accounted split only where no other split exists (a spec that
+    # fixes every classic field keeps its one candidate).
+    fallback_only = fixed.account_split is None and fixed.vpp is not None and fixed.pp is not None
+    if (megatron and fixed.account_split is not False and not fixed.is_uneven and accounted_split(n, pp)
+            and not (fallback_only and regular)):
+        c = (n + 2) // pp
+        vpps = [v for v in divisors(c) if c // v >= 2 and (v == 1 or num_mb % pp == 0)]
+        for vpp in _opt(fixed.vpp, vpps):
+            yield vpp, (None, None), True
+
+
 def _inner(spec: Spec, fixed: Layout, tp: int, pp: int, dp: int, mb: int, num_mb: int) -> Iterator[Layout]:
-    n = spec.model.num_layers
-    for vpp in _opt(fixed.vpp, _vpp_options(n, pp, num_mb, fixed) if engine_of(spec) == "megatron" else [1]):
-        split = _split_for(n, pp, vpp, fixed)
-        if split is None:
-            continue
+    for vpp, split, account in _split_variants(spec, fixed, pp, num_mb):
         for sp in _opt(fixed.sequence_parallel, [False, True] if tp > 1 and spec.model.seq_length % tp == 0
                        else [False]):
             recomputes = [r for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
@@ -147,7 +166,8 @@ def _inner(spec: Spec, fixed: Layout, tp: int, pp: int, dp: int, mb: int, num_mb
                     for off in _opt(fixed.offload, _offload_options(pp, zero, spec.cluster.gpu)):
                         yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
                                      sequence_parallel=sp, recompute=rec, offload=off,
-                                     first_stage_layers=split[0], last_stage_layers=split[1])
+                                     first_stage_layers=split[0], last_stage_layers=split[1],
+                                     account_split=account)
 
 
 def _opt(fixed, options: list) -> list:
@@ -162,10 +182,12 @@ def _tp_options(spec: Spec, fixed: Layout) -> list[int]:
             if m.num_attention_heads % t == 0 and m.num_query_groups % t == 0 and spec.world_size % t == 0]
 
 
-def _pp_options(num_layers: int, world: int, tp: int, fixed: Layout) -> list[int]:
-    """Pipeline degrees that fit the world: even splits, and uneven ones the spec gives or that balance."""
+def _pp_options(num_layers: int, world: int, tp: int, fixed: Layout, megatron: bool = False) -> list[int]:
+    """Pipeline degrees that fit the world: even splits, uneven ones the spec gives or that balance, and
+    (Megatron) those the embedding/loss-accounted split divides."""
     return [p for p in divisors(world) if world % (tp * p) == 0 and p <= num_layers
-            and (num_layers % p == 0 or fixed.is_uneven or balanced_split(num_layers, p) is not None)]
+            and (num_layers % p == 0 or fixed.is_uneven or balanced_split(num_layers, p) is not None
+                 or (megatron and accounted_split(num_layers, p) is not None))]
 
 
 def _split_for(num_layers: int, pp: int, vpp: int, fixed: Layout) -> tuple | None:
@@ -223,7 +245,8 @@ def describe(est: LayoutEstimate) -> str:
     lay = est.layout
     split = [f"{end} stage {count} layers" for end, count in (("first", lay.first_stage_layers),
                                                               ("last", lay.last_stage_layers)) if count is not None]
-    extras = [f"v{lay.vpp}" if lay.vpp > 1 else "", *split, "sp" if lay.sequence_parallel else "",
+    extras = [f"v{lay.vpp}" if lay.vpp > 1 else "", *split, "embedding+loss in split" if lay.account_split else "",
+              "sp" if lay.sequence_parallel else "",
               f"recompute={lay.recompute}", f"offload={lay.offload}" if lay.offload != "none" else ""]
     return f"{lay.tag()} ({', '.join(e for e in extras if e)})"
 

@@ -10,9 +10,11 @@ Narayanan et al. 2021, Table 1 runs are modelled as the software of the time ran
 fp16 mixed precision, no fused (flash) attention, no sequence parallelism, full activation recomputation,
 no ZeRO (plain data parallelism). A case may say ``"precision"`` in its published layout (default fp16).
 
-Where a case's layer count does not divide its pipeline degree, the spec gets the balanced uneven split
-(:func:`orchestrator.stages.balanced_split`: first and last stage lighter, middle stages equal), which is
-what such runs used (BLOOM-176B: 70 layers on 12 stages as 5 + 10 x 6 + 5).
+Where a case's layer count does not divide its pipeline degree, a DeepSpeed case gets the balanced uneven
+split (:func:`orchestrator.stages.balanced_split`: first and last stage lighter, middle stages equal), which
+is what such runs used (BLOOM-176B: 70 layers on 12 stages as 5 + 10 x 6 + 5); a Megatron case leaves the
+split to the planner, which also weighs counting the embedding and the loss as layers (Megatron's
+--account-for-embedding/loss-in-pipeline-split, which lets such pipelines interleave).
 """
 from __future__ import annotations
 
@@ -72,7 +74,10 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
                                "sequence_parallel": False, "offload": "none"}
         if pub.get("micro_batch"):
             data["parallelism"]["micro_batch_size"] = pub["micro_batch"]
-        split = balanced_split(m["layers"], pub["pp"]) if m["layers"] % pub["pp"] else None
+        # DeepSpeed places the balanced uneven split; Megatron's planner also weighs counting the embedding
+        # and the loss in the split (which allows interleaving), so the split is left to it.
+        split = (balanced_split(m["layers"], pub["pp"]) if m["layers"] % pub["pp"] and case_engine(case) == "deepspeed"
+                 else None)
         if split is not None:
             data["parallelism"].update(first_stage_layers=split[0], last_stage_layers=split[1])
     return parse_spec(data)

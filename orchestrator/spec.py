@@ -147,6 +147,11 @@ class ParallelismSpec:
     last_stage_layers: Optional[int] = spec_field(
         None, doc="transformer layers on the last pipeline stage (--decoder-last-pipeline-num-layers); "
         "null = even split", minimum=1, omit_if_none=True)
+    account_for_embedding_loss: Optional[bool] = spec_field(
+        None, doc="count the embedding and the loss as one layer each when splitting the layers over the "
+        "pipeline (Megatron's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split; "
+        "engine megatron): (num_layers + 2) / pp per stage, the first and the last stage one transformer layer "
+        "less, and interleaving divides that count; null = the planner decides", omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)

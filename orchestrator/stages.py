@@ -68,6 +68,15 @@ class StageSplit:
         return f"{self.first} + {self.pp - 2}x{self.middle} + {self.last}"
 
 
+def accounted_split(num_layers: int, pp: int) -> StageSplit | None:
+    """Megatron's --account-for-embedding/loss-in-pipeline-split: the embedding and the loss count as one
+    layer each, (num_layers + 2) / pp per stage; None when that does not divide or leaves a stage empty."""
+    if pp < 2 or (num_layers + 2) % pp or (num_layers + 2) // pp < 2:
+        return None
+    c = (num_layers + 2) // pp
+    return StageSplit(pp, c - 1, c if pp > 2 else c - 1, c - 1)
+
+
 def stage_split(num_layers: int, pp: int, first: Optional[int] = None, last: Optional[int] = None) -> StageSplit:
     """The split of a layout that passed :func:`split_issues` (an invalid one is a programmer bug)."""
     if pp == 1:

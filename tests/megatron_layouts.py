@@ -24,6 +24,11 @@ MEGATRON_LAYOUTS = {
     "pp2-vpp2": {**GPU8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 4, "parallelism.pipeline": 2,
                  "parallelism.virtual_pipeline": 2, "parallelism.zero_stage": 1, "parallelism.micro_batch_size": 1,
                  "training.global_batch_size": 16},
+    # Embedding and loss counted as layers in the split (Llama 3 405B's recipe): (30 + 2) / 4 = 8 per stage.
+    "accounted-pp4-vpp2": {**GPU8, "model.preset": "gpt3-1.7b", "model.num_layers": 30, "cluster.num_nodes": 2,
+                           "parallelism.tensor": 2, "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 2,
+                           "parallelism.account_for_embedding_loss": True, "parallelism.zero_stage": 1,
+                           "parallelism.micro_batch_size": 1, "training.global_batch_size": 32},
     "uneven-pp4-vpp2": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 2,
                         "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 2, "parallelism.zero_stage": 1,
                         "parallelism.micro_batch_size": 1, "training.global_batch_size": 32,

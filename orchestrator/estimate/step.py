@@ -105,6 +105,8 @@ class LayoutEstimate:
         """SPEC.md's LAYOUT record (plus a few extra fields)."""
         lay = self.layout
         split = {k: getattr(lay, k) for k in ("first_stage_layers", "last_stage_layers") if getattr(lay, k) is not None}
+        if lay.account_split:
+            split["account_for_embedding_loss"] = True
         return split | {
             "engine": self.engine, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "zero_stage": lay.zero_stage,
             "micro_batch_size": lay.micro_batch_size, "grad_accum_steps": self.grad_accum_steps,

@@ -84,6 +84,8 @@ def _parallel_args(plan: Plan) -> list[str]:
         args += ["--decoder-first-pipeline-num-layers", str(lay.first_stage_layers)]
     if lay.last_stage_layers is not None:
         args += ["--decoder-last-pipeline-num-layers", str(lay.last_stage_layers)]
+    if lay.account_split:
+        args += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
     if lay.sequence_parallel:
         args.append("--sequence-parallel")
         if uses_tp_comm_overlap(plan):
@@ -303,6 +305,8 @@ def _split_config(plan: Plan) -> dict:
         config["num_layers_in_first_pipeline_stage"] = lay.first_stage_layers
     if lay.last_stage_layers is not None:
         config["num_layers_in_last_pipeline_stage"] = lay.last_stage_layers
+    if lay.account_split:
+        config |= {"account_for_embedding_in_pipeline_split": True, "account_for_loss_in_pipeline_split": True}
     return config
 
 

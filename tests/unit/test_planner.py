@@ -126,16 +126,22 @@ def test_pipeline_degrees_that_do_not_divide_the_layers_get_the_balanced_split()
     lays = list(enumerate_layouts(s))
     assert {l.pp for l in lays} == {1, 2, 4, 8, 16}           # divisors of 128 / tp; only 1 and 2 divide 126
     for lay in lays:
+        if lay.account_split:      # Megatron's embedding/loss-accounted split: (126 + 2) / pp per stage
+            assert not lay.is_uneven and 128 % lay.pp == 0 and (128 // lay.pp) % lay.vpp == 0
+            continue
         assert lay.is_uneven == (126 % lay.pp != 0)
         if lay.is_uneven:
             assert (lay.first_stage_layers, lay.last_stage_layers) == balanced_split(126, lay.pp, lay.vpp)
     assert any(l.pp == 16 and (l.first_stage_layers, l.last_stage_layers) == (7, 7) for l in lays)
+    # pp = 16 interleaves only with the embedding and the loss counted: 7 + 14x8 + 7 has gcd 1
+    assert {l.vpp for l in lays if l.pp == 16 and l.account_split} == {1, 2, 4}
     assert all(not check_layout(s, l) for l in lays)
 
 
 def test_uneven_interleaving_only_where_every_stage_count_divides_by_v():
     with pytest.raises(SpecError, match=r"num_layers\(126\) % pp\(16\)"):   # a fixed pp needs the split given
-        spec("llama3-405b", "h100-sxm", nodes=16, batch=64, tensor=8, pipeline=16)
+        spec("llama3-405b", "h100-sxm", nodes=16, batch=64, tensor=8, pipeline=16, account_for_embedding_loss=False)
+    spec("llama3-405b", "h100-sxm", nodes=16, batch=64, tensor=8, pipeline=16)   # ... or (Megatron) accounted
     s = spec("llama3-405b", "h100-sxm", nodes=16, batch=64, tensor=8, pipeline=16, zero_stage=1,
              recompute="full", micro_batch_size=1, first_stage_layers=6, last_stage_layers=8)
     lays = list(enumerate_layouts(s))

@@ -52,7 +52,14 @@ CASES = [
     ({**BIG, "parallelism.pipeline": 64, "cluster.num_nodes": 8, "model.num_layers": 36}, "parallelism.pipeline",
      "pp(64) > num_layers(36)"),
     # uneven pipeline splits (Megatron-LM's --decoder-first/last-pipeline-num-layers rules)
-    ({**L126, "parallelism.pipeline": 16}, "parallelism.pipeline", "num_layers(126) % pp(16) = 14"),
+    ({**L126, "parallelism.pipeline": 16, "parallelism.account_for_embedding_loss": False}, "parallelism.pipeline",
+     "num_layers(126) % pp(16) = 14"),
+    ({**L126, "parallelism.pipeline": 12, "parallelism.account_for_embedding_loss": True},
+     "parallelism.account_for_embedding_loss", "num_layers(126) + 2 (embedding and loss) = 128 % pp(12) = 8"),
+    ({**L126, "parallelism.pipeline": 16, "parallelism.virtual_pipeline": 3, "parallelism.account_for_embedding_loss": True},
+     "parallelism.virtual_pipeline", "(num_layers(126) + 2) / pp(16) = 8 per stage % virtual_pipeline(3)"),
+    ({**L126, "training.engine": "deepspeed", "parallelism.pipeline": 16, "parallelism.account_for_embedding_loss": True},
+     "parallelism.account_for_embedding_loss", "needs training.engine megatron"),
     ({**L126, "parallelism.pipeline": 16, "parallelism.first_stage_layers": 6, "parallelism.last_stage_layers": 7},
      "parallelism.first_stage_layers", "= 113 middle layers % 14 middle stages"),
     ({**L126, "parallelism.pipeline": 16, "parallelism.first_stage_layers": 60, "parallelism.last_stage_layers": 60},
@@ -90,7 +97,7 @@ def test_case_ids_are_distinct():
 
 def test_layers_not_divisible_hint_proposes_the_uneven_split():
     with pytest.raises(SpecError) as info:
-        parse_spec(spec_data(**{**L126, "parallelism.pipeline": 16}))
+        parse_spec(spec_data(**{**L126, "parallelism.pipeline": 16, "training.engine": "deepspeed"}))
     [p] = [p for p in info.value.problems if p.path == "parallelism.pipeline"]
     assert p.hint == ("use a pipeline degree that divides the layer count, or split unevenly: set "
                       "parallelism.first_stage_layers: 7 and parallelism.last_stage_layers: 7 (14 middle stages of 8)")
