@@ -205,12 +205,17 @@ def _offload_options(pp: int, zero: int) -> list[str]:
 
 def _fixed_fields(spec: Spec) -> str:
     lay = layout_from_spec(spec)
-    fixed = [f"{FIELD_PATHS[f.name].split('.')[-1]}={getattr(lay, f.name)}" for f in dataclasses.fields(lay)
+    fixed = [f"{FIELD_PATHS[f.name].split('.')[-1]}={shown(getattr(lay, f.name))}" for f in dataclasses.fields(lay)
              if getattr(lay, f.name) is not None]
     return ", ".join(fixed) or "none fixed"
 
 
 # --- explanations ---------------------------------------------------------------------------------
+
+def shown(value) -> str:
+    """A layout value as the spec (YAML) spells it: true/false, not Python's True/False."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
 
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.1f} GiB"
@@ -241,7 +246,7 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
              f"MFU {top.mfu:.1%}; {fitting} of {considered} layouts fit."]
     if len(ranked) > 1:
         gap = ranked[1].step_time_s / top.step_time_s - 1
-        diff = ", ".join(f"{f.name} {getattr(ranked[1].layout, f.name)}" for f in dataclasses.fields(Layout)
+        diff = ", ".join(f"{f.name} {shown(getattr(ranked[1].layout, f.name))}" for f in dataclasses.fields(Layout)
                          if getattr(ranked[1].layout, f.name) != getattr(top.layout, f.name))
         lines.append(f"runner-up {describe(ranked[1])} ({diff}) is {gap:.1%} slower"
                      + (f" and needs {_gib(ranked[1].memory.total_bytes)}." if gap < 0.001 else "."))

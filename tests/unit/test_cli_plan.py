@@ -24,11 +24,11 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("name", PLAN_EXAMPLES)
 def test_plan_prints_a_ranked_table(name, capsys):
-    code, out, err = run_cli(["plan", str(EXAMPLES / f"{name}.yaml"), "--top", "3"], capsys)
+    code, out, err = run_cli(["plan", str(EXAMPLES / f"{name}.yaml"), "--top", "3", "--wide"], capsys)
     assert code == 0, err
     assert "layout" in out and "MFU" in out and "TFLOP/s" in out and "total GiB" in out
-    for rank in ("1", "2", "3"):
-        assert f"│ {rank} │" in out
+    ranks = [line.split()[0] for line in out.splitlines() if line[:1].isdigit()]
+    assert ranks[:3] == ["1", "2", "3"]
     assert "- chose " in out and "- memory:" in out and "- time:" in out
 
 
