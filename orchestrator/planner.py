@@ -266,10 +266,18 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
 def _network_line(ctx: EstimateContext, est: LayoutEstimate) -> str:
     lay, comm, hw = est.layout, est.comm, ctx.hw
     dp_nodes = group_placement(lay.dp, lay.tp, hw.gpus_per_node).num_nodes
-    where = "inside one node" if dp_nodes == 1 else f"across {dp_nodes} nodes at {hw.inter_Bps / 1e9:.0f} GB/s per GPU"
-    return (f"network: {comm.exposed_s / est.step_time_s:.1%} of the step is exposed communication "
-            f"(TP {comm.tp_exposed_s:.3g} s inside the node at {hw.intra_Bps / 1e9:.0f} GB/s busbw, PP {comm.pp_exposed_s:.3g} s, "
-            f"DP {comm.dp_exposed_s:.3g} s of {comm.dp_s:.3g} s; the DP group of {lay.dp} lies {where}).")
+    where = "inside one node" if dp_nodes == 1 else f"across {dp_nodes} nodes at {_rate(hw.inter_Bps)} per GPU"
+    parts = [f"TP {comm.tp_exposed_s:.3g} s inside the node at {_rate(hw.intra_Bps)} busbw"] if lay.tp > 1 else []
+    parts += [f"PP {comm.pp_exposed_s:.3g} s"] if lay.pp > 1 else []
+    if lay.dp > 1:
+        parts.append(f"DP {comm.dp_exposed_s:.3g} s of {comm.dp_s:.3g} s; the DP group of {lay.dp} lies {where}")
+    return (f"network: {comm.exposed_s / est.step_time_s:.1%} of the step is exposed communication"
+            + (f" ({', '.join(parts)})." if parts else " (tp, pp and dp are 1: none)."))
+
+
+def _rate(bytes_per_s: float) -> str:
+    """A bandwidth with three significant digits, so a small one never reads as 0 GB/s."""
+    return f"{bytes_per_s / 1e9:.3g} GB/s"
 
 
 def _time_line(est: LayoutEstimate) -> str:
