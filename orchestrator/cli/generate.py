@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import click
 
+from .table import plural
+
 
 @click.command(name="generate")
 @click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Run dir to write (refused if it exists, unless --force).")
 @click.option("--force", is_flag=True, help="Replace an existing run dir.")
-@click.option("--top", "top_k", default=5, show_default=True, help="Candidates kept in plan.json.")
+@click.option("--top", "top_k", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Candidates kept in plan.json.")
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False),
               help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
 def command(spec_path: str, out_dir: str, force: bool, top_k: int, calibration_path: str | None) -> None:
@@ -30,8 +33,8 @@ def command(spec_path: str, out_dir: str, force: bool, top_k: int, calibration_p
     out = write_run_dir(plan, out_dir, force=force)
     lay = plan.layout
     click.echo(f"wrote {out}  ({lay.tag()}, world size {plan.world_size}, "
-               f"{plan.grad_accum_steps} micro-batches/step, vocab padded to {plan.padded_vocab_size})",
-               err=True)
+               f"{plural(plan.grad_accum_steps, 'micro-batch', 'micro-batches')}/step, "
+               f"vocab padded to {plan.padded_vocab_size})", err=True)
     for note in render_megatron_notes(plan) + render_deepspeed_notes(plan):
         click.echo(f"note: {note}", err=True)
     click.echo(str(out))

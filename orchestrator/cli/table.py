@@ -71,6 +71,11 @@ def use_style(stream: TextIO | None = None) -> bool:
         return False
 
 
+def plural(count: int, singular: str, many: str | None = None) -> str:
+    """'1 micro-batch', '4 micro-batches': the count with the noun in its right number."""
+    return f"{count} {singular if count == 1 else many or singular + 's'}"
+
+
 def bold(text: str, style: bool) -> str:
     return f"\033[1m{text}\033[0m" if style and text else text
 

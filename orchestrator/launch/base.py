@@ -52,6 +52,12 @@ class LaunchFailed(OrchError):
         self.exit_code = exit_code
 
 
+class NotLaunched(OrchError):
+    """`orch status` / `orch cancel` on a run dir nothing was launched from: a usage mistake (exit 2)."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """Exactly what a backend will run: argv in cwd with env added to the caller's environment.
@@ -95,8 +101,8 @@ class JobRecord:
     def load(run_dir: str | Path) -> "JobRecord":
         path = Path(run_dir) / JOB_RECORD
         if not path.is_file():
-            raise OrchError(f"{run_dir}: nothing was launched from this run dir (no {JOB_RECORD}); "
-                            "start it with `orch launch`")
+            raise NotLaunched(f"{run_dir}: nothing was launched from this run dir (no {JOB_RECORD}); "
+                              f"start it with `orch launch {run_dir}`")
         return JobRecord(**json.loads(path.read_text()))
 
 

@@ -24,6 +24,49 @@ def format_progress(record: dict, train_iters: int | None = None) -> str:
     return "  ".join(parts)
 
 
+TRAINER_TAG = "[orch-train]"
+
+
+class StartupWatch:
+    """Until the first step: relay the trainer's own lines (``[orch-train] ...``, e.g. the one-time op build)
+    from the job's log, and every ``heartbeat_s`` say how long the job has been starting, so that a start
+    is never a silent wait. ``poll()`` on each check; ``stop()`` at the first step."""
+
+    def __init__(self, log_path: str | Path | None, note: Callable[[str], None], *, heartbeat_s: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.path = Path(log_path) if log_path else None
+        self.offset = _inode_size(self.path)[1] if self.path else 0
+        self.note, self.heartbeat_s, self.clock = note, heartbeat_s, clock
+        self.start = self.last = clock()
+        self.stopped = False
+
+    def poll(self) -> None:
+        if self.stopped:
+            return
+        for line in self._new_lines():
+            if TRAINER_TAG in line:
+                self.note(line.split(TRAINER_TAG, 1)[1].strip())
+                self.last = self.clock()
+        now = self.clock()
+        if now - self.last >= self.heartbeat_s:
+            where = f"; its log: {self.path}" if self.path else ""
+            self.note(f"starting: {now - self.start:.0f} s, no step yet{where}")
+            self.last = now
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def _new_lines(self) -> list[str]:
+        if not self.path or not self.path.is_file():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk.rfind(b"\n") + 1
+        self.offset += complete
+        return chunk[:complete].decode(errors="replace").splitlines()
+
+
 def follow(path: Path, done: Callable[[], bool], *, poll_s: float = 0.5, offset: int = 0) -> Iterator[dict]:
     """Yield metrics records appended to ``path`` after byte ``offset`` until ``done()``, then the rest.
 

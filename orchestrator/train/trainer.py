@@ -96,6 +96,12 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
     from .engine import build_engine  # noqa: PLC0415
     from .session import TelemetrySession  # noqa: PLC0415
 
+    if os.environ.get("RANK", "0") == "0" and get_accelerator().device_name() == "cpu":
+        from .ops import build_note  # noqa: PLC0415
+
+        note = build_note()
+        if note:
+            log(note)
     deepspeed.init_distributed(verbose=False)
     rank = dist.get_rank()
     spec = run_dir.spec
