@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import OrchError, SpecError
+from ..layout import pdsh_host_count_problem
 from ..render.scripts import pdsh_hosts, pdsh_ssh_options
 from ..rundir import RunDir, read_run_dir
 from .base import LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, tail_lines, torchrun_failure
@@ -84,7 +85,7 @@ def target_of(run: RunDir) -> PdshTarget:
     spec = run.spec
     hosts = tuple(pdsh_hosts(spec))
     if len(hosts) != spec.cluster.num_nodes:
-        raise SpecError(f"{len(hosts)} host(s) for num_nodes({spec.cluster.num_nodes})", path="launch.pdsh.hosts")
+        raise SpecError(pdsh_host_count_problem(spec))
     dupes = sorted({h for h in hosts if hosts.count(h) > 1})
     if dupes:
         raise SpecError(f"{', '.join(dupes)} listed more than once (pdsh runs one command per host name)",

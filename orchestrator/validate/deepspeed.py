@@ -373,7 +373,17 @@ def check_batch(config: dict, *, world_size: int | None, model_parallel_size: in
             values[key] = value
     if problems or any(_is_auto(config.get(k)) for k in BATCH_KEYS):
         return problems
-    return _batch_rule(values, dp, path)
+    problems = _batch_rule(values, dp, path)
+    if problems and dp is not None and model_parallel_size == 1 and world_size > 1:
+        problems = [_with_model_parallel_hint(p, world_size) for p in problems]
+    return problems
+
+
+def _with_model_parallel_hint(problem: Problem, world_size: int) -> Problem:
+    """A batch mismatch checked with dp = world size: say that tensor/pipeline ranks change dp."""
+    extra = (f"dp({world_size}) assumes every GPU is data parallel; if the run uses tensor or pipeline "
+             f"parallelism, pass --model-parallel-size (tp * pp), e.g. tp 2 gives dp = {world_size} / 2")
+    return Problem(problem.path, problem.message, f"{problem.hint}; {extra}" if problem.hint else extra)
 
 
 def _data_parallel_size(world_size: int | None, model_parallel_size: int,

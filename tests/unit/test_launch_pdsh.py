@@ -133,12 +133,15 @@ def test_build_runs_the_script_under_the_supervisor(tmp_path):
 
 
 @pytest.mark.parametrize("hosts, message", [(["orch-n1", "orch-n1"], "orch-n1 listed more than once"),
-                                            (["orch-n1"], r"1 host\(s\) for num_nodes\(2\)")])
+                                            (["orch-n1"], r"1 host\(s\) listed \(orch-n1\) for cluster.num_nodes\(2\)"),
+                                            ([], r"no hosts listed, so pdsh would use only localhost")])
 def test_hosts_must_be_one_distinct_host_per_node(tmp_path, hosts, message):
     data = spec_data(**{**HOSTS, "launch.pdsh.hosts": hosts})
     run = write_run_dir(fixed_plan(data), tmp_path / "run")
-    with pytest.raises(SpecError, match=message):
+    with pytest.raises(SpecError, match=message) as info:
         pdsh.build(read_run_dir(run))
+    assert "listed more than once" in message or \
+        "list exactly 2 host names under launch.pdsh.hosts" in info.value.problems[0].hint
 
 
 def test_missing_tools_say_what_to_install(monkeypatch):

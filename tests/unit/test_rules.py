@@ -43,7 +43,7 @@ CASES = [
     ({**BIG, "model.num_query_groups": 5}, "model.num_query_groups", "num_attention_heads(32) % num_query_groups(5)"),
     ({"training.precision": "fp16"}, "training.precision", "fp16 does not run on CPU"),
     ({"data.synthetic": False}, "data.path", "no data.path"),
-    ({"launch.backend": "pdsh", "launch.pdsh.hosts": ["a", "b"]}, "launch.pdsh.hosts", "2 host(s) for num_nodes(1)"),
+    ({"launch.backend": "pdsh", "launch.pdsh.hosts": ["a", "b"]}, "launch.pdsh.hosts", "2 host(s) listed (a, b) for cluster.num_nodes(1)"),
     ({"launch.pdsh.hosts": ["-oProxyCommand=x"]}, "launch.pdsh.hosts[0]", "not a host name"),
     ({**BIG, "parallelism.pipeline": 64, "cluster.num_nodes": 8, "model.num_layers": 36}, "parallelism.pipeline",
      "pp(64) > num_layers(36)"),
