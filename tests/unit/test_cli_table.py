@@ -83,3 +83,12 @@ def test_compare_fits_the_terminal(tmp_path, width):
     assert proc.returncode == 0, proc.stderr
     _check_output(proc.stdout, width)
     assert "winner:" in proc.stdout and "breakdown: compute s" in proc.stdout
+
+
+def test_demo_log_has_no_raw_escape_codes(tmp_path):
+    """`make demo > demo.log`: the step headings are plain text when stdout is not a terminal."""
+    code = ("import runpy, sys; demo = runpy.run_path('examples/demo.py'); "
+            "demo['step']('show the version', '--version')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "$ orch --version   # show the version" in proc.stdout and not ANSI.search(proc.stdout)
