@@ -103,3 +103,10 @@ def test_uneven_split_in_plan_json_and_generated_run_dir(tmp_path, capsys):
     assert any("pipeline.partition" in n for n in json.loads((run / "plan.json").read_text())["notes"])
     code, out, _ = run_cli(["validate", "--static", str(run)], capsys)
     assert code == 0, out
+
+
+def test_plan_prose_spells_booleans_as_the_spec_does(capsys):
+    code, out, err = run_cli(["plan", str(EXAMPLES / "llama3-8b-64xh100.yaml"), "--top", "3"], capsys)
+    assert code == 0, err
+    assert "sequence_parallel false" in out      # YAML's spelling, not Python's
+    assert "False" not in out and "True" not in out
