@@ -54,12 +54,13 @@ def calibrated_cost(path: str | None, spec):
 
 
 # Identity and the ranking first; the memory split and per-kind communication go when the terminal is narrow.
+# "±" is the tokens/s estimate's typical error on the reference runs of its regime (estimate/uncertainty.py).
 COLUMNS = (Column("#", keep=True), Column("layout", "left", keep=True, wrap=True), Column("step s", keep=True),
-           Column("total GiB", priority=1), Column("tokens/s", priority=2), Column("MFU", priority=3),
-           Column("bubble", priority=4), Column("TFLOP/s", priority=5), Column("recompute", "left", priority=6),
-           Column("acts", priority=7), Column("TP s", priority=8), Column("PP s", priority=9),
-           Column("DP s", priority=10), Column("params", priority=11), Column("grads", priority=12),
-           Column("optim", priority=13), Column("other", priority=14))
+           Column("total GiB", priority=1), Column("tokens/s", priority=2), Column("±", priority=3),
+           Column("MFU", priority=4), Column("bubble", priority=5), Column("TFLOP/s", priority=6),
+           Column("recompute", "left", priority=7), Column("acts", priority=8), Column("TP s", priority=9),
+           Column("PP s", priority=10), Column("DP s", priority=11), Column("params", priority=12),
+           Column("grads", priority=13), Column("optim", priority=14), Column("other", priority=15))
 
 
 def render_plan(spec, result, *, width: int, wide: bool = False, style: bool = False) -> str:
@@ -77,6 +78,8 @@ def render_plan(spec, result, *, width: int, wide: bool = False, style: bool = F
 
 
 def _row(rank: int, est) -> list[str]:
+    from ..estimate.uncertainty import plus_minus
+
     lay, mem, comm = est.layout, est.memory, est.comm
     name = lay.tag() + (" sp" if lay.sequence_parallel else "") + (
         f" offload={lay.offload}" if lay.offload != "none" else "")
@@ -87,5 +90,5 @@ def _row(rank: int, est) -> list[str]:
              "total GiB": gib["total"], "bubble": f"{est.bubble_fraction:.1%}", "TP s": f"{comm.tp_exposed_s:.2f}",
              "PP s": f"{comm.pp_exposed_s:.2f}", "DP s": f"{comm.dp_exposed_s:.2f}",
              "step s": f"{est.step_time_s:.3g}", "tokens/s": f"{est.tokens_per_s:,.0f}",
-             "TFLOP/s": f"{est.tflops_per_gpu:.3g}", "MFU": f"{est.mfu:.1%}"}
+             "±": plus_minus(est.uncertainty), "TFLOP/s": f"{est.tflops_per_gpu:.3g}", "MFU": f"{est.mfu:.1%}"}
     return [cells[c.header] for c in COLUMNS]

@@ -30,6 +30,7 @@ def test_plan_prints_a_ranked_table(name, capsys):
     ranks = [line.split()[0] for line in out.splitlines() if line[:1].isdigit()]
     assert ranks[:3] == ["1", "2", "3"]
     assert "- chose " in out and "- memory:" in out and "- time:" in out
+    assert "- uncertainty ±" in out and "TFLOP/s ±" in out
 
 
 @pytest.mark.parametrize("name", PLAN_EXAMPLES)
@@ -105,8 +106,13 @@ def test_uneven_split_in_plan_json_and_generated_run_dir(tmp_path, capsys):
     assert code == 0, out
 
 
-def test_plan_prose_spells_booleans_as_the_spec_does(capsys):
-    code, out, err = run_cli(["plan", str(EXAMPLES / "llama3-8b-64xh100.yaml"), "--top", "3"], capsys)
+def test_plan_prose_spells_booleans_as_the_spec_does(tmp_path, capsys):
+    data = yaml.safe_load((EXAMPLES / "llama3-8b-64xh100.yaml").read_text())
+    data["parallelism"] = {"tensor": 2, "pipeline": 1, "zero_stage": 3, "micro_batch_size": 2, "recompute": "none",
+                           "offload": "none"}                 # open: only sequence_parallel, so the two differ in it
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli(["plan", str(path), "--top", "3", "--wide"], capsys)
     assert code == 0, err
-    assert "sequence_parallel false" in out      # YAML's spelling, not Python's
+    assert "(sequence_parallel false)" in out      # YAML's spelling, not Python's
     assert "False" not in out and "True" not in out
