@@ -119,3 +119,17 @@ def test_startup_watch_relays_the_trainer_and_beats(tmp_path):
     now[0] = 60.0
     watch.poll()
     assert len(notes) == 2
+
+
+def test_trainer_says_when_deepspeed_will_compile_its_cpu_op(tmp_path, monkeypatch):
+    """The first start with an empty extension cache is announced (the launcher relays it); a cached op is not."""
+    pytest.importorskip("torch")
+    from orchestrator.train import ops
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    note = ops.build_note()
+    assert note and "compiling its CPU communication op (deepspeed_shm_comm)" in note and str(tmp_path) in note
+    built = ops.op_build_dir()
+    built.mkdir(parents=True, exist_ok=True)
+    (built / "deepspeed_shm_comm.so").write_bytes(b"")
+    assert ops.build_note() is None
