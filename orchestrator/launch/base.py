@@ -167,3 +167,15 @@ def torchrun_failure(text: str) -> tuple[int, int] | None:
     """(rank, exit code) of the first failed worker from torchrun's error summary, if present."""
     rank, code = _ROOT_CAUSE.search(text), _EXITCODE.search(text)
     return (int(rank.group(1)), int(code.group(1))) if rank and code else None
+
+
+def rank_exit_code(code: int, *logs: Path) -> int:
+    """The job's exit code as the user should see it: torchrun (and so srun, pdsh) exits 1 whatever its failed
+    worker's code was; when torchrun's summary in ``logs`` names the worker's own code, that one (a worker
+    killed by signal N: 128 + N, as a shell reports it)."""
+    if code != 1:
+        return code
+    found = torchrun_failure("\n".join(line for log in logs for line in tail_lines(log, 400)))
+    if not found or found[1] == 0:
+        return code
+    return found[1] if found[1] > 0 else 128 - found[1]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..rundir import RunDir
 from .base import (LOG_DIR, CommandRunner, JobRecord, JobState, LaunchFailed, LaunchPlan,  # noqa: F401
-                   tail_lines, torchrun_failure)
+                   rank_exit_code, tail_lines, torchrun_failure)
 
 EXIT_CODE_FILE = "exitcode"
 
@@ -62,17 +62,13 @@ def cancel(record: JobRecord, runner: CommandRunner | None = None, *, grace_s: f
 
 
 def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
-    """The job's exit code: the failed rank's own code where torchrun reports one (torchrun itself exits 1
-    whatever its worker's code was); a rank killed by signal N gives 128 + N, as a shell would."""
+    """The job's exit code: the failed rank's own code where torchrun reports one (:func:`rank_exit_code`)."""
     code_file = Path(record.run_dir) / LOG_DIR / EXIT_CODE_FILE
     try:
         code = int(code_file.read_text().strip())
     except (OSError, ValueError):
         return 1
-    found = torchrun_failure("\n".join(tail_lines(Path(record.run_dir) / LOG_DIR / "launch.log", 400)))
-    if code == 1 and found and found[1] != 0:
-        return found[1] if found[1] > 0 else 128 - found[1]
-    return code
+    return rank_exit_code(code, Path(record.run_dir) / LOG_DIR / "launch.log")
 
 
 def _alive(pid: int) -> bool:

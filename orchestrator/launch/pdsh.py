@@ -27,7 +27,8 @@ from ..errors import OrchError, SpecError
 from ..layout import pdsh_host_count_problem
 from ..render.scripts import pdsh_hosts, pdsh_ssh_options
 from ..rundir import RunDir, read_run_dir
-from .base import LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, tail_lines, torchrun_failure
+from .base import (LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, rank_exit_code, tail_lines,
+                   torchrun_failure)
 
 SCRIPT = "launch_pdsh.sh"
 RESULT_FILE = "pdsh_result.json"
@@ -216,7 +217,7 @@ def status(record: JobRecord, runner: CommandRunner | None = None) -> JobState:
 
 def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
     result = read_result(record)
-    return int(result["exit_code"]) if result else 1
+    return rank_exit_code(int(result["exit_code"]), Path(record.log_path)) if result else 1
 
 
 def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> None:

@@ -102,6 +102,27 @@ def test_exit_code_is_the_failed_ranks_not_torchruns(tmp_path, rank_code, expect
     assert local.exit_code(record) == expected
 
 
+def test_pdsh_and_slurm_pass_the_ranks_code_through_too(tmp_path):
+    import json
+
+    from orchestrator.launch import pdsh, slurm
+    from tests.unit.test_launch_slurm import SCONTROL_RUNNING, FakeRunner
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "launch.log").write_text("".join(f"orch-n2: {line}\n" for line in
+                                             TORCHRUN_SUMMARY.format(code=3).splitlines()))
+    (logs / pdsh.RESULT_FILE).write_text(json.dumps({"state": "FAILED", "exit_code": 1, "failed_host": "orch-n2"}))
+    record = JobRecord(backend="pdsh", job_id="1", run_dir=str(tmp_path), submitted_unix=0.0,
+                       log_path=str(logs / "launch.log"))
+    assert pdsh.exit_code(record) == 3
+    (tmp_path / "slurm-7.err").write_text(TORCHRUN_SUMMARY.format(code=3))
+    failed = SCONTROL_RUNNING.replace("JobState=RUNNING", "JobState=FAILED").replace("ExitCode=0:0", "ExitCode=1:0")
+    record = JobRecord(backend="slurm", job_id="7", run_dir=str(tmp_path), submitted_unix=0.0,
+                       log_path=str(tmp_path / "slurm-7.out"), extra={"error_path": str(tmp_path / "slurm-7.err")})
+    assert slurm.exit_code(record, FakeRunner({("scontrol", "show", "job", "-o", "7"): (0, failed, "")})) == 3
+
+
 def test_startup_watch_relays_the_trainer_and_beats(tmp_path):
     log = tmp_path / "launch.log"
     log.write_text("old line [orch-train] from an earlier start\n")
