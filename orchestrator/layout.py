@@ -234,7 +234,7 @@ def rule_batch(spec: Spec, lay: Layout) -> Problem | None:
         return Problem("training.global_batch_size",
                        f"global_batch_size({b}) % (micro_batch_size({mb}) * dp({dp}) = {mb * dp}) = "
                        f"{b % (mb * dp)}, must be 0 (gradient accumulation would not be whole)",
-                       f"use a multiple of {mb * dp}, e.g. {lo or mb * dp} or {lo + mb * dp}")
+                       f"use a multiple of {mb * dp}, e.g. " + (f"{lo} or {lo + mb * dp}" if lo else f"{mb * dp}"))
     return None
 
 

@@ -139,3 +139,14 @@ def test_open_fields_are_a_clear_error_for_fixed_only_callers():
     with pytest.raises(SpecError) as info:
         require_complete(spec)
     assert {p.path for p in info.value.problems} == {"parallelism.zero_stage", "parallelism.recompute"}
+
+
+def test_batch_hint_names_two_different_multiples_or_one():
+    from orchestrator.errors import SpecError
+    from orchestrator.spec import parse_spec
+
+    for batch, hint in ((8, "e.g. 32"), (40, "e.g. 32 or 64")):     # before: "e.g. 32 or 32" for 8
+        data = spec_data(**{"cluster.num_nodes": 8, "training.global_batch_size": batch})
+        with pytest.raises(SpecError) as info:
+            parse_spec(data)
+        assert any(p.hint.endswith(hint) for p in info.value.problems), info.value.problems
