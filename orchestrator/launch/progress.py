@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -25,6 +26,7 @@ def format_progress(record: dict, train_iters: int | None = None) -> str:
 
 
 TRAINER_TAG = "[orch-train]"
+_STEP_LINE = re.compile(r"step \d+/")
 
 
 class StartupWatch:
@@ -44,8 +46,9 @@ class StartupWatch:
         if self.stopped:
             return
         for line in self._new_lines():
-            if TRAINER_TAG in line:
-                self.note(line.split(TRAINER_TAG, 1)[1].strip())
+            said = line.split(TRAINER_TAG, 1)[1].strip() if TRAINER_TAG in line else ""
+            if said and not _STEP_LINE.match(said):     # step lines: the progress lines from metrics say them
+                self.note(said)
                 self.last = self.clock()
         now = self.clock()
         if now - self.last >= self.heartbeat_s:

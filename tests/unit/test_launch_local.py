@@ -130,7 +130,8 @@ def test_startup_watch_relays_the_trainer_and_beats(tmp_path):
     notes: list[str] = []
     watch = StartupWatch(log, notes.append, heartbeat_s=15, clock=lambda: now[0])
     with open(log, "a") as f:
-        f.write("[default0]:[orch-train] first DeepSpeed start with this cache: compiling ...\nnoise\n[default0]:par")
+        f.write("[default0]:[orch-train] first DeepSpeed start with this cache: compiling ...\nnoise\n"
+                "[default0]:[orch-train] step 1/40 loss 6.1787 tokens/s 8741\n[default0]:par")
     watch.poll()
     assert notes == ["first DeepSpeed start with this cache: compiling ..."]
     now[0] = 16.0
