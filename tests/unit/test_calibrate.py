@@ -210,3 +210,11 @@ def test_calibrated_plan_prints_no_zero_rate(runs, tmp_path, capsys):
     network = next(line for line in out.splitlines() if line.startswith("- network:"))
     assert " 0 GB/s" not in network and "TP " not in network     # tp = 1: no TP figure, and no rate reads 0
     assert "GB/s" in network or "inside one node" in network
+
+
+def test_cli_tables_fit_80_columns(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(["calibrate", *map(str, runs.values()), "-o", str(tmp_path / "c.json")], capsys)
+    assert code == 0, err
+    assert max(len(line) for line in out.splitlines()) <= 80 and "\x1b[" not in out
+    assert "matmul_efficiency" in out and "typical error" in out
