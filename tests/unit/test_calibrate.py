@@ -194,9 +194,9 @@ def test_one_run_fits_fewer_terms_than_it_measured_and_warns(runs, tmp_path, cap
 
 
 def test_a_term_at_the_edge_of_its_range_is_not_fitted(tmp_path, capsys):
-    def slow_reduction(path, overrides):   # reductions 10^4 x slower than any bandwidth in range explains
+    def slow_reduction(path, overrides):   # reductions 10^6 x slower than any bandwidth in range explains
         t = truth(overrides)
-        records = [record(s, t["step_time_s"], compute_s=t["compute_s"], allreduce_s=1e4 * t["dp_reduction_s"])
+        records = [record(s, t["step_time_s"], compute_s=t["compute_s"], allreduce_s=1e6 * t["dp_reduction_s"])
                    for s in range(1, 7)]
         return make_run_dir(path, records, **overrides)
 
