@@ -19,11 +19,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import pathlib
 import warnings
 from typing import Any
 
-from ..errors import Problem
+from ..errors import Problem, SpecError
 from ..typed import article, describe_value, did_you_mean
 from . import _deepspeed_keys_data as KEYS
 from ._ds_probe import (DeepSpeedProbeError, DeepSpeedUnavailable, ProbeRequest, ProbeResult,  # noqa: F401
@@ -75,6 +74,7 @@ def check_ds_config(config: dict, *, world_size: int | None = None, model_parall
     problems += check_value_types(config, path) + check_auto_leftovers(config, path)
     problems += check_precision(config, path) + check_zero(config, path) + check_pipeline(config, path)
     problems += check_optimizer(config, path) + check_scheduler(config, path)
+    problems += check_finite(config, path) + check_optimizer_values(config, path)
     problems += check_batch(config, world_size=world_size, model_parallel_size=model_parallel_size, path=path)
     return problems
 
@@ -328,6 +328,42 @@ def check_optimizer(config: dict, path: str) -> list[Problem]:
     return problems
 
 
+def check_finite(config: Any, path: str, where: str = "") -> list[Problem]:
+    """NaN and Infinity: Python's json reads them, DeepSpeed trains with them (a NaN lr, an infinite clip)."""
+    if isinstance(config, float) and not math.isfinite(config):
+        return [Problem(_at(path, where), f"{config!r} is not a finite number (JSON has no NaN/Infinity)",
+                        "write a finite number")]
+    items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
+    return [p for key, value in items for p in check_finite(value, path, _join(where, key))]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_optimizer_values(config: dict, path: str) -> list[Problem]:
+    """Values DeepSpeed's config classes accept and training then breaks on: a negative lr, clip, eps or
+    weight decay, betas that are not two numbers in [0, 1)."""
+    problems = []
+    clip = config.get("gradient_clipping")
+    if _is_number(clip) and clip < 0:
+        problems.append(Problem(_at(path, "gradient_clipping"), f"{clip!r} is negative", "use 0 (off) or a positive "
+                                "max gradient norm"))
+    params = config.get("optimizer", {}).get("params") if isinstance(config.get("optimizer"), dict) else None
+    if not isinstance(params, dict):
+        return problems
+    for key in ("lr", "eps", "weight_decay"):
+        if _is_number(params.get(key)) and params[key] < 0:
+            problems.append(Problem(_at(path, f"optimizer.params.{key}"), f"{params[key]!r} is negative",
+                                    "use a value >= 0"))
+    betas = params.get("betas")
+    if "betas" in params and not (isinstance(betas, list) and len(betas) == 2
+                                  and all(_is_number(b) and 0 <= b < 1 for b in betas)):
+        problems.append(Problem(_at(path, "optimizer.params.betas"), f"{json.dumps(betas)} is not two numbers in "
+                                "[0, 1)", "write [beta1, beta2], e.g. [0.9, 0.95]"))
+    return problems
+
+
 def check_scheduler(config: dict, path: str) -> list[Problem]:
     """The scheduler type must name a DeepSpeed LR schedule or a torch.optim.lr_scheduler class (exact)."""
     scheduler = config.get("scheduler")
@@ -466,22 +502,15 @@ def _implied_world_size(config: dict, model_parallel_size: int) -> int:
 
 
 def load_ds_config_text(text: str, path: str) -> tuple[Any, list[Problem]]:
-    """Parse JSON; bad JSON and duplicate keys (DeepSpeed's own loader refuses those) become problems."""
+    """Parse JSON (within orchestrator.userfiles' limits); bad JSON and duplicate keys (DeepSpeed's own
+    loader refuses those) become problems."""
+    from ..userfiles import parse_json  # noqa: PLC0415
+
     duplicates: list[str] = []
-
-    def pairs(items: list[tuple[str, Any]]) -> dict:
-        seen: dict[str, Any] = {}
-        for key, value in items:
-            if key in seen:
-                duplicates.append(key)
-            seen[key] = value
-        return seen
-
     try:
-        data = json.loads(text, object_pairs_hook=pairs)
-    except json.JSONDecodeError as error:
-        return None, [Problem(f"{path}:{error.lineno}:{error.colno}", f"not valid JSON: {error.msg}",
-                              "fix the JSON syntax at that line and column")]
+        data = parse_json(text, path, duplicates=duplicates)
+    except SpecError as error:
+        return None, error.problems
     return data, [Problem(path, f"duplicate key '{key}': json keeps the last value, DeepSpeed's loader refuses "
                           "the file", "keep one of them") for key in duplicates]
 
@@ -496,12 +525,14 @@ def validate_ds_config_file(path: str | os.PathLike, *, world_size: int | None, 
     when a list is given, else the skip is warned as :class:`DeepSpeedCheckSkipped`.
     """
     where = str(path)
+    from ..userfiles import read_user_text  # noqa: PLC0415
+
     try:
-        text = pathlib.Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        return [Problem(where, f"cannot read the file: {error}", "check the path and that it is UTF-8 text")]
+        text = read_user_text(path)
+    except SpecError as error:
+        return error.problems
     config, problems = load_ds_config_text(text, where)
-    if config is None or problems:
+    if problems:
         return problems
     problems = check_ds_config(config, world_size=world_size, model_parallel_size=model_parallel_size, path=where)
     if problems or not deep:
