@@ -32,6 +32,27 @@ def try_lock(run_dir: str | Path) -> int | None:
     return fd
 
 
+def share(fd: int) -> None:
+    """Downgrade a held lock to shared: the job's own processes may then take it shared as well, while
+    every exclusive taker (another launch, generate --force) is still refused."""
+    fcntl.flock(fd, fcntl.LOCK_SH)
+
+
+def hold_shared(run_dir: str | Path) -> int | None:
+    """For a job's process: take the lock shared and keep it for the process's life (never blocks; None
+    when an exclusive holder has it, or the file system has no locks)."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 @contextmanager
 def locked(run_dir: str | Path, busy_message: str):
     """Hold the lock for the block (raises RunDirBusy with ``busy_message`` when it is held)."""

@@ -11,14 +11,18 @@ import click
 @click.option("--dry-run", is_flag=True, help="Print the exact command and environment; run nothing.")
 @click.option("--wait", is_flag=True, help="Stream one progress line per step; exit with the job's code.")
 @click.option("--timeout", "timeout_s", type=float, help="With --wait: give up (and cancel) after this many seconds.")
-def command(run_dir, backend, dry_run, wait, timeout_s) -> None:
+@click.option("--allow-modified", is_flag=True,
+              help="Run even though generated files differ from manifest.json (logged in logs/overrides.log).")
+def command(run_dir, backend, dry_run, wait, timeout_s, allow_modified) -> None:
     """Start the training job of RUN_DIR (written by `orch generate`).
 
-    Without --wait the job runs in the background: follow it with `orch status RUN_DIR`, stop it with
-    `orch cancel RUN_DIR`. Per-rank logs go to RUN_DIR/logs/.
+    First checks that every generated file is as `orch generate` wrote it (manifest.json) and that no
+    other job runs in RUN_DIR. Without --wait the job runs in the background: follow it with
+    `orch status RUN_DIR`, stop it with `orch cancel RUN_DIR`. Per-rank logs go to RUN_DIR/logs/.
     """
     from ..launch.run import launch_run_dir
 
     code = launch_run_dir(run_dir, backend=backend, dry_run=dry_run, wait=wait, timeout_s=timeout_s,
-                          echo=lambda line: click.echo(line), note=lambda line: click.echo(line, err=True))
+                          echo=lambda line: click.echo(line), note=lambda line: click.echo(line, err=True),
+                          allow_modified=allow_modified)
     raise click.exceptions.Exit(code)

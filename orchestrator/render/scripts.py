@@ -40,6 +40,7 @@ def env_assignments(plan: Plan) -> dict[str, str]:
     from .megatron import megatron_env  # noqa: PLC0415
 
     env = dict(megatron_env(plan))  # CUDA_DEVICE_MAX_CONNECTIONS as Megatron-LM asserts it for this layout
+    env["PYTHONSAFEPATH"] = "1"     # `python -m` from the run dir: no file there (a wandb.py) shadows an import
     if plan.spec.cluster.gpu == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
     return env

@@ -5,6 +5,7 @@
 set -euo pipefail
 RUN_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PYTHON="${ORCH_PYTHON:-python3}"
+export PYTHONSAFEPATH=1
 export DS_ACCELERATOR=cpu
 
 read -r -a EXTRA_TORCHRUN_ARGS <<< "${ORCH_TORCHRUN_ARGS:-}"   # e.g. "--log-dir logs/torchrun --tee 3"
