@@ -129,21 +129,39 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
 
 
 def resume_step(run_dir, options: TrainOptions, engine, rank: int) -> int:
-    """Load the newest checkpoint when resuming; drop metrics records after it. Returns the start step."""
+    """Load the newest intact checkpoint when resuming; drop metrics records after it. Returns the start step."""
     import torch.distributed as dist  # noqa: PLC0415
 
     from ..telemetry.sinks import METRICS_FILE, truncate_metrics  # noqa: PLC0415
 
     ckpt_dir = checkpoint.checkpoint_dir(run_dir.path, run_dir.spec)
-    latest = checkpoint.latest_step(ckpt_dir) if options.resume else None
-    start = engine.load(ckpt_dir, latest) if latest is not None else 0
+    choice = [choose_checkpoint(ckpt_dir) if rank == 0 and options.resume else None]
+    dist.broadcast_object_list(choice, src=0)      # every rank loads the step rank 0 verified
+    start = engine.load(ckpt_dir, choice[0]) if choice[0] is not None else 0
     if rank == 0:
         dropped = truncate_metrics(run_dir.path / METRICS_FILE, start)
-        if latest is not None:
+        if choice[0] is not None:
             log(f"resumed from {ckpt_dir / checkpoint.tag_for(start)} (step {start}); "
                 f"dropped {dropped} metrics record(s) after it")
+        elif dropped:
+            log(f"no usable checkpoint: starting at step 0; dropped {dropped} metrics record(s)")
     dist.barrier()
     return start
+
+
+def choose_checkpoint(ckpt_dir: Path) -> int | None:
+    """Rank 0: the newest intact checkpoint; newer unusable ones are named, renamed aside, and ``latest``
+    is pointed at the one chosen."""
+    choice = checkpoint.resume_choice(ckpt_dir)
+    for step, problem in choice.unusable:
+        log(f"warning: checkpoint {checkpoint.tag_for(step)} is unusable ({problem}); trying an older one")
+    if choice.step is None and choice.unusable:
+        log("warning: no intact checkpoint: starting from step 0")
+    for moved in checkpoint.set_aside(ckpt_dir, [step for step, _ in choice.unusable]):
+        log(f"set aside as {moved}")
+    if choice.step is not None and checkpoint.latest_step(ckpt_dir) != choice.step:
+        checkpoint.write_latest(ckpt_dir, choice.step)
+    return choice.step
 
 
 def injected_fault() -> tuple[int, int] | None:

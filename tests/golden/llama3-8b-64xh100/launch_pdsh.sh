@@ -6,6 +6,7 @@
 # One torchrun per host; %n is pdsh's node rank (the host's place in HOSTS), the first host is the master.
 # The run dir must be at the same path on every host (shared file system).
 set -euo pipefail
+if [ -n "${PYTHONPATH:-}" ]; then IFS=: read -r -a orch_pp <<< "$PYTHONPATH"; PYTHONPATH=""; for p in "${orch_pp[@]}"; do case "$p" in /*) PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$p" ;; esac; done; export PYTHONPATH; fi   # absolute entries only: nothing from the run dir
 RUN_DIR="${ORCH_RUN_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 PYTHON="${ORCH_PYTHON:-python3}"
 HOSTS=localhost
