@@ -2,6 +2,7 @@
 generates, malformed run-dir JSON, the manifest check `orch launch` runs first."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -9,6 +10,7 @@ import pytest
 
 from orchestrator import rundir
 from orchestrator.errors import SpecError
+from orchestrator.launch.base import CommandRunner
 from orchestrator.rundir import read_run_dir, write_run_dir
 from orchestrator.runlock import RunDirBusy, try_lock
 from tests.conftest import fixed_plan, spec_data
@@ -112,3 +114,42 @@ def test_an_empty_manifest_does_not_switch_the_check_off(tmp_path, plan):
     problems = manifest_problems(read_run_dir(out))
     assert {p.path.rsplit("/", 1)[-1] for p in problems} >= {"launch_local.sh", "ds_config.json"}
     assert all("not listed in manifest.json" in p.message for p in problems)
+
+
+class _NoTraining(CommandRunner):
+    """The real runner, starting `true` instead of the job (the launch logic around it is what is tested)."""
+
+    def start(self, plan, *, log_path=None):
+        return super().start(dataclasses.replace(plan, argv=["true"]), log_path=log_path)
+
+
+def _edit(out):
+    with open(out / "launch_local.sh", "a") as f:
+        f.write("echo tampered\n")
+
+
+@pytest.mark.parametrize("empty_manifest", [False, True])
+def test_launch_and_dry_run_refuse_edited_files(tmp_path, plan, capsys, empty_manifest):
+    from tests.unit.test_input_limits import run_cli
+
+    out = write_run_dir(plan, tmp_path / "run")
+    _edit(out)
+    if empty_manifest:
+        manifest = json.loads((out / "manifest.json").read_text())
+        (out / "manifest.json").write_text(json.dumps({**manifest, "files": {}}))
+    for argv in (["launch", str(out), "--dry-run"], ["launch", str(out)]):
+        code, stdout, stderr = run_cli(argv, capsys)
+        assert code == 2 and "launch_local.sh" in stderr and "--allow-modified" in stderr, stderr
+    assert not (out / "job.json").exists() and not (out / "logs").exists()
+
+
+def test_allow_modified_runs_and_logs_the_override(tmp_path, plan):
+    from orchestrator.launch.run import launch_run_dir
+
+    out = write_run_dir(plan, tmp_path / "run")
+    _edit(out)
+    notes = []
+    assert launch_run_dir(out, allow_modified=True, runner=_NoTraining(), note=notes.append) == 0
+    assert any("--allow-modified" in n and "launch_local.sh" in n for n in notes)
+    logged = [json.loads(line) for line in (out / "logs" / "overrides.log").read_text().splitlines()]
+    assert logged[0]["override"] == "--allow-modified" and "launch_local.sh" in logged[0]["problems"][0]
