@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import Problem, SpecError
 from ..typed import article, describe_value, did_you_mean
 from . import _deepspeed_keys_data as KEYS
+from .deepspeed_values import check_finite, check_optimizer_values
 from ._ds_probe import (DeepSpeedProbeError, DeepSpeedUnavailable, ProbeRequest, ProbeResult,  # noqa: F401
                         deepspeed_installed, probe_ds_configs)
 
@@ -74,7 +75,7 @@ def check_ds_config(config: dict, *, world_size: int | None = None, model_parall
     problems += check_value_types(config, path) + check_auto_leftovers(config, path)
     problems += check_precision(config, path) + check_zero(config, path) + check_pipeline(config, path)
     problems += check_optimizer(config, path) + check_scheduler(config, path)
-    problems += check_finite(config, path) + check_optimizer_values(config, path)
+    problems += check_finite(config, path) + check_optimizer_values(config, path)   # deepspeed_values.py
     problems += check_batch(config, world_size=world_size, model_parallel_size=model_parallel_size, path=path)
     return problems
 
@@ -325,42 +326,6 @@ def check_optimizer(config: dict, path: str) -> list[Problem]:
         problems.append(Problem(_at(path, "optimizer.params.max_grad_norm"), "max_grad_norm as an optimizer "
                                 "parameter: DeepSpeed's config only warns, deepspeed.initialize then refuses it",
                                 "delete it and set the top-level \"gradient_clipping\" instead"))
-    return problems
-
-
-def check_finite(config: Any, path: str, where: str = "") -> list[Problem]:
-    """NaN and Infinity: Python's json reads them, DeepSpeed trains with them (a NaN lr, an infinite clip)."""
-    if isinstance(config, float) and not math.isfinite(config):
-        return [Problem(_at(path, where), f"{config!r} is not a finite number (JSON has no NaN/Infinity)",
-                        "write a finite number")]
-    items = config.items() if isinstance(config, dict) else enumerate(config) if isinstance(config, list) else ()
-    return [p for key, value in items for p in check_finite(value, path, _join(where, key))]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def check_optimizer_values(config: dict, path: str) -> list[Problem]:
-    """Values DeepSpeed's config classes accept and training then breaks on: a negative lr, clip, eps or
-    weight decay, betas that are not two numbers in [0, 1)."""
-    problems = []
-    clip = config.get("gradient_clipping")
-    if _is_number(clip) and clip < 0:
-        problems.append(Problem(_at(path, "gradient_clipping"), f"{clip!r} is negative", "use 0 (off) or a positive "
-                                "max gradient norm"))
-    params = config.get("optimizer", {}).get("params") if isinstance(config.get("optimizer"), dict) else None
-    if not isinstance(params, dict):
-        return problems
-    for key in ("lr", "eps", "weight_decay"):
-        if _is_number(params.get(key)) and params[key] < 0:
-            problems.append(Problem(_at(path, f"optimizer.params.{key}"), f"{params[key]!r} is negative",
-                                    "use a value >= 0"))
-    betas = params.get("betas")
-    if "betas" in params and not (isinstance(betas, list) and len(betas) == 2
-                                  and all(_is_number(b) and 0 <= b < 1 for b in betas)):
-        problems.append(Problem(_at(path, "optimizer.params.betas"), f"{json.dumps(betas)} is not two numbers in "
-                                "[0, 1)", "write [beta1, beta2], e.g. [0.9, 0.95]"))
     return problems
 
 
