@@ -31,8 +31,9 @@ SBATCH_ARGS_PATTERN = rf"{_SBATCH_ARG}( {_SBATCH_ARG})*"  # --mem=0 --constraint
 # GPUs, ~10^2 layers, ~10^5 hidden, 10^6-token contexts), low enough that the planner's searches and the
 # cost model's arithmetic stay fast and finite. Beyond them a value is a typo, not a plan.
 MAX_NODES = 1 << 16
-MAX_GPUS_PER_NODE = 1 << 10
-MAX_LAYERS = 1 << 12
+MAX_GPUS_PER_NODE = 1 << 7         # 8 on most GPU nodes, 72 in an NVL72 rack
+MAX_WORLD = 1 << 17                # GPUs in one job: 131072 (the largest clusters hold ~10^5)
+MAX_LAYERS = 1 << 10               # the largest published models have ~10^2
 MAX_WIDTH = 1 << 20                # hidden_size, ffn_hidden_size
 MAX_HEADS = 1 << 14
 MAX_VOCAB = 1 << 24
@@ -286,10 +287,19 @@ def parse_spec(data: Any) -> Spec:
         spec = _apply_defaults(spec, problems)
     if spec is not None:
         from .layout import check_spec  # noqa: PLC0415  (layout imports spec)
-        problems.extend(check_spec(spec))
+        problems.extend(check_world_bound(spec) or check_spec(spec))
     if problems:
         raise SpecError(problems)
     return spec
+
+
+def check_world_bound(spec: Spec) -> list[Problem]:
+    """num_nodes * gpus_per_node within what a cluster can hold (each bounded alone, the product too)."""
+    c = spec.cluster
+    if spec.world_size <= MAX_WORLD:
+        return []
+    return [Problem("cluster", f"num_nodes({c.num_nodes}) * gpus_per_node({c.gpus_per_node}) = {spec.world_size} GPUs "
+                    f"is above {MAX_WORLD}", "no cluster holds that many: check num_nodes and gpus_per_node")]
 
 
 def _merge_preset(model: Any, problems: list[Problem]) -> Any:

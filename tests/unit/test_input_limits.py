@@ -59,6 +59,7 @@ BAD_VALUES = [
     ("batch-1e30", {"training.global_batch_size": 10**30}, "training.global_batch_size"),
     ("layers-1e18", {"model.num_layers": 10**18}, "model.num_layers"),
     ("nodes-huge", {"cluster.num_nodes": 10**9}, "cluster.num_nodes"),
+    ("world-huge", {"cluster.num_nodes": 65536, "cluster.gpus_per_node": 128}, "cluster"),
     ("seq-huge", {"model.seq_length": 10**12}, "model.seq_length"),
     ("one-beta", {"training.optimizer.betas": [0.9]}, "training.optimizer.betas"),
     ("negative-beta", {"training.optimizer.betas": [-0.1, 0.95]}, "training.optimizer.betas[0]"),
