@@ -41,7 +41,8 @@ def main() -> None:
     for name, what in CASES:
         spec, run = f"examples/{name}.yaml", OUT / name
         step(f"{what}: rank the layouts", "plan", spec, "--top", "3")
-        step("write the run dir", "generate", spec, "-o", str(run), "--force")
+        step("write the run dir (afresh: the last demo's outputs go)", "generate", spec, "-o", str(run), "--force",
+             "--discard-outputs")
         step("check it with DeepSpeed's and Megatron-Core's own config classes", "validate", str(run))
         step("train for real: 2 processes on this CPU", "launch", str(run), "--wait")
         runs.append(str(run))

@@ -412,6 +412,8 @@ def load_calibration(path: str | Path) -> CalibrationFile:
         raise SpecError(Problem(where, f"cannot read: {e.__class__.__name__}")) from None
     except json.JSONDecodeError as e:
         raise SpecError(Problem(f"{where}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}")) from None
+    except (RecursionError, ValueError) as e:     # nesting too deep, an integer over Python's digit limit
+        raise SpecError(Problem(where, f"invalid JSON: {e.__class__.__name__}: {str(e)[:120]}")) from None
     problems = calibration_problems(data, where)
     terms = data.get("cost_model") if isinstance(data, dict) else None
     cost = None

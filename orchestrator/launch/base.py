@@ -71,6 +71,7 @@ class LaunchPlan:
     cwd: Path
     env: dict[str, str] = field(default_factory=dict)
     preview: str = ""
+    inherit_fds: tuple[int, ...] = ()      # descriptors the started process keeps (the run-dir lock)
 
     def describe(self) -> str:
         """Shell-pasteable form: cd, the added environment (secrets masked), the command, the preview."""
@@ -128,7 +129,8 @@ class CommandRunner:
         out = open(log_path, "ab") if log_path else None  # noqa: SIM115 (the child owns it)
         try:
             return subprocess.Popen(plan.argv, cwd=plan.cwd, env=_merged(plan.env), start_new_session=True,
-                                    stdout=out or None, stderr=subprocess.STDOUT if out else None)
+                                    stdout=out or None, stderr=subprocess.STDOUT if out else None,
+                                    pass_fds=plan.inherit_fds)
         except FileNotFoundError:
             raise OrchError(f"`{plan.argv[0]}` is not installed or not on PATH") from None
         finally:

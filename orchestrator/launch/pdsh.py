@@ -152,7 +152,7 @@ def build(run: RunDir, *, run_id: str | None = None) -> LaunchPlan:
     argv = [sys.executable, "-m", "orchestrator.launch.supervise", "--run-id", run_id,
             "--hosts", ",".join(target.hosts), "--ssh-port", str(target.ssh_port), "--fanout", str(target.fanout),
             "--result", f"{LOG_DIR}/{RESULT_FILE}", "--", "bash", SCRIPT]
-    env = {"ORCH_PYTHON": sys.executable, "ORCH_PDSH_RUN_ID": run_id}
+    env = {"ORCH_PYTHON": sys.executable, "ORCH_PDSH_RUN_ID": run_id, "PYTHONSAFEPATH": "1"}   # cwd: the run dir
     script = (run.path / SCRIPT).read_text()
     preview = (f"# first: ssh to {', '.join(target.hosts)} (port {target.ssh_port}) checks every host and picks "
                f"MASTER_PORT free on {target.hosts[0]}\n# {SCRIPT}, which the supervisor runs:\n{script}")

@@ -116,7 +116,7 @@ def test_script_is_valid_bash_and_holds_no_secret(tmp_path, monkeypatch):
 def test_tp_env_reaches_the_remote_command(tmp_path):
     run = make_run(tmp_path, **{"cluster.gpu": "h100-sxm", "cluster.gpus_per_node": 2, "parallelism.tensor": 2,
                                 "parallelism.zero_stage": 1, "training.precision": "bf16"})
-    assert "remote_env=CUDA_DEVICE_MAX_CONNECTIONS=1\n" in (run / "launch_pdsh.sh").read_text()
+    assert "remote_env='CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONSAFEPATH=1'\n" in (run / "launch_pdsh.sh").read_text()
 
 
 # --- build, tools, hosts -------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_build_runs_the_script_under_the_supervisor(tmp_path):
     assert plan.argv == [sys.executable, "-m", "orchestrator.launch.supervise", "--run-id", "r1",
                          "--hosts", "orch-n1,orch-n2", "--ssh-port", "2222", "--fanout", "1024",
                          "--result", "logs/pdsh_result.json", "--", "bash", "launch_pdsh.sh"]
-    assert plan.env == {"ORCH_PYTHON": sys.executable, "ORCH_PDSH_RUN_ID": "r1"}
+    assert plan.env == {"ORCH_PYTHON": sys.executable, "ORCH_PDSH_RUN_ID": "r1", "PYTHONSAFEPATH": "1"}
     assert (run.path / "launch_pdsh.sh").read_text().rstrip() in plan.describe()
     assert "picks MASTER_PORT free on orch-n1" in plan.describe()
 
