@@ -18,9 +18,9 @@ offline run directories, W&B run paths) and computes, per run:
   exposed DP + TP + PP communication).
 
 Across runs: the semantic diff (the layout fields and the resolved-spec fields whose values differ) and the
-winner: the run with the highest median tokens/s (per GPU when the world sizes differ; model TFLOP/s per GPU
-when the runs train different models), with the main reason: the breakdown component (per unit of that
-rate) by which the runner-up lost the most time.
+winner: the run with the highest median tokens/s (per GPU when the world sizes differ), with the main reason:
+the breakdown component (per unit of that rate) by which the runner-up lost the most time. Runs of different
+models have no winner (their rates measure different work); the record names the model fields that differ.
 
 Warm-up: the first :data:`WARMUP_STEPS` = 3 steps are left out. Step 1 pays one-time costs (the process
 group's first collectives connect, the framework builds its gradient buckets and communication buffers, the
@@ -219,11 +219,16 @@ def flatten(data, prefix: str = "") -> dict:
     return out
 
 
-def winner_criterion(runs: list[RunComparison]) -> str:
-    """tokens_per_s; tokens_per_s_per_gpu when world sizes differ; tflops_per_gpu when the models differ."""
-    models = {repr(spec_to_data(r.run.spec)["model"]) for r in runs}
-    if len(models) > 1:
-        return "tflops_per_gpu"
+def model_differences(runs: list[RunComparison]) -> list[dict]:
+    """The model fields (dotted paths) whose values differ between the runs ([] when they train one model)."""
+    return [row for row in diff_runs(runs)["spec"] if row["path"].startswith("model.")]
+
+
+def winner_criterion(runs: list[RunComparison]) -> str | None:
+    """tokens_per_s; tokens_per_s_per_gpu when world sizes differ; None when the models differ (their
+    throughputs measure different work, so no run wins)."""
+    if model_differences(runs):
+        return None
     return "tokens_per_s" if len({r.run.spec.world_size for r in runs}) == 1 else "tokens_per_s_per_gpu"
 
 
@@ -236,6 +241,8 @@ def rate(run: RunComparison, criterion: str) -> float:
 def pick_winner(runs: list[RunComparison]) -> dict:
     """The fastest run by :func:`winner_criterion` and the main reason it beat the runner-up."""
     criterion = winner_criterion(runs)
+    if criterion is None:
+        return no_winner(runs)
     ranked = sorted(runs, key=lambda r: rate(r, criterion), reverse=True)
     best = ranked[0]
     result = {"label": best.label, "index": runs.index(best), "criterion": criterion,
@@ -249,6 +256,16 @@ def pick_winner(runs: list[RunComparison]) -> dict:
                   reason=reason)
     result["explanation"] = explain(best, second, criterion, reason, result["speedup"])
     return result
+
+
+def no_winner(runs: list[RunComparison]) -> dict:
+    """The winner record when the runs train different models: none, and why."""
+    fields = [row["path"] for row in model_differences(runs)]
+    shown = ", ".join(fields[:4]) + (f" and {len(fields) - 4} more" if len(fields) > 4 else "")
+    return {"label": None, "index": None, "criterion": None, "value": None, "runner_up": None, "speedup": None,
+            "reason": None, "models_differ": fields,
+            "explanation": f"no winner: the runs train different models ({shown} differ), so their tokens/s and "
+                           "TFLOP/s measure different work; compare layouts of one model"}
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -308,7 +325,8 @@ class Comparison:
     def warmup_rule(self) -> str:
         if self.warmup_requested is None:
             return WARMUP_RULE
-        return f"the first {self.warmup_requested} steps of each run are left out; a run keeps at least one step"
+        return (f"the first {self.warmup_requested} steps of each run are left out; a run keeps at least one step"
+                " (--warmup N leaves out at most all but the last step)")
 
     def to_dict(self) -> dict:
         return {"warmup": {"rule": self.warmup_rule, "steps": [r.warmup for r in self.runs]},

@@ -2,7 +2,8 @@
 
 - Mode: ``WANDB_MODE`` from the environment when set, else the spec's ``tracking.wandb.mode`` (offline
   by default: no account, no network; ``wandb sync`` uploads later). ``online`` without credentials
-  (no ``WANDB_API_KEY``, no netrc entry for the W&B host) falls back to offline with a warning.
+  (no ``WANDB_API_KEY``, no netrc entry for the W&B host) falls back to offline with a warning, and so
+  does online when the server cannot be reached or refuses the key (``wandb.init`` fails).
 - Run: name = spec name, group and tags from the spec plus the layout tag (``tp1-pp1-dp2-z2-mb2``),
   the precision and the engine; config = the resolved spec and the plan's chosen record; the plan's
   predictions as ``predicted/<metric>`` in config and summary. ``step`` is the x-axis of every metric.
@@ -139,5 +140,23 @@ def open_wandb_sink(*, run_dir, spec, spec_data: dict, chosen: dict, layout_tag:
         print(f"[orch-train] warning: {note}", file=sys.stderr, flush=True)
     if mode == "disabled":
         return None
-    return WandbSink(run_dir=run_dir, spec_data=spec_data, wandb_spec=spec.tracking.wandb, chosen=chosen,
-                     layout_tag=layout_tag, precision=spec.training.precision, engine=engine, mode=mode)
+    args = dict(run_dir=run_dir, spec_data=spec_data, wandb_spec=spec.tracking.wandb, chosen=chosen,
+                layout_tag=layout_tag, precision=spec.training.precision, engine=engine)
+    if mode != "online":
+        return WandbSink(**args, mode=mode)
+    return _online_or_offline(args)
+
+
+def _online_or_offline(args: dict):
+    """Online W&B, or offline with a warning when the server cannot be reached or refuses the key:
+    tracking must never be what kills a training job."""
+    import wandb  # noqa: PLC0415
+
+    try:
+        return WandbSink(**args, mode="online")
+    except (wandb.errors.Error, OSError) as e:
+        reason = " ".join(str(e).split())[:300]
+        print(f"[orch-train] warning: W&B online failed ({e.__class__.__name__}: {reason}); logging offline "
+              "instead (upload later with `wandb sync`)", file=sys.stderr, flush=True)
+        wandb.teardown()     # the failed attempt still holds the run id in wandb's service
+        return WandbSink(**args, mode="offline")
