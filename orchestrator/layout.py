@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .errors import Problem, SpecError
-from .spec import Spec
+from .spec import Spec, default_engine
 from .stages import SplitIssue, StageSplit, accounted_split, even_split_issue, split_issues, stage_split
 
 P = "parallelism"
@@ -246,7 +246,6 @@ def rule_vpp_needs_pp(spec: Spec, lay: Layout) -> Problem | None:
 
 def engine_of(spec: Spec) -> str:
     """training.engine, resolved (a spec built without parse_spec may leave it None)."""
-    from .spec import default_engine  # noqa: PLC0415
     return spec.training.engine or default_engine(spec.cluster.gpu)
 
 

@@ -96,29 +96,29 @@ def bus_bandwidth_Bps(pl: Placement, hw: Hardware) -> float:
 def nccl_collective(kind: str, nbytes: float, pl: Placement, hw: Hardware) -> CollectiveTime:
     """Fastest (algorithm, protocol) for one ``kind`` call ("all_reduce", "all_gather", "reduce_scatter")
     on an ``nbytes`` buffer (the full buffer: an all-gather's output), and its time."""
-    return _nccl_collective(kind, float(nbytes), pl, hw)
+    if pl.size <= 1:
+        return CollectiveTime("none", "none", 0.0)
+    return _nccl_collective(kind, float(nbytes), pl.size, pl.per_node, pl.num_nodes, bus_bandwidth_Bps(pl, hw),
+                            hw.link, hw.latency_s)
 
 
 @lru_cache(maxsize=65536)
-def _nccl_collective(kind: str, nbytes: float, pl: Placement, hw: Hardware) -> CollectiveTime:
-    if pl.size <= 1:
-        return CollectiveTime("none", "none", 0.0)
-    n, nodes, k = pl.size, pl.num_nodes, pl.per_node
-    busbw = bus_bandwidth_Bps(pl, hw)
+def _nccl_collective(kind: str, nbytes: float, n: int, k: int, nodes: int, busbw: float, link: str,
+                     gloo_latency_s: float) -> CollectiveTime:
     all_reduce = kind == "all_reduce"
     steps, inter_steps = (2 * (n - 1), 2 * (nodes - 1)) if all_reduce else (n - 1, nodes - 1)
-    if hw.link == "loopback":     # gloo: one fixed latency per ring hop
-        return CollectiveTime("ring", "gloo", (1 + steps) * hw.latency_s + nbytes * steps / n / busbw)
+    if link == "loopback":     # gloo: one fixed latency per ring hop
+        return CollectiveTime("ring", "gloo", (1 + steps) * gloo_latency_s + nbytes * steps / n / busbw)
     options = []
     for proto in ("LL", "Simple"):
-        intra = NCCL_HOP_US[hw.link][("ring", proto)] * (1.8 if nodes > 1 and proto == "LL" else 1.0)
+        intra = NCCL_HOP_US[link][("ring", proto)] * (1.8 if nodes > 1 and proto == "LL" else 1.0)
         lat = NCCL_BASE_US[("ring", proto)] + (steps - inter_steps) * intra + inter_steps * NCCL_HOP_US["net"][("ring", proto)]
         if all_reduce and proto == "Simple" and nodes > 1 and nbytes >= n / 16 * 65536:
             lat *= RING_PLATEAU
         bw = busbw / (4 if proto == "LL" and (nodes > 1 or all_reduce) else 3 if proto == "LL" else 1)
         options.append(CollectiveTime("ring", proto, lat * US + nbytes * steps / n / bw))
         if all_reduce:
-            t_intra = NCCL_HOP_US[hw.link][("tree", proto)]
+            t_intra = NCCL_HOP_US[link][("tree", proto)]
             t_lat = NCCL_BASE_US[("tree", proto)] + 2 * ((k - 1) * t_intra + log2(nodes) * NCCL_HOP_US["net"][("tree", proto)])
             t_bw = busbw * TREE_BW_FACTOR * (TREE_LL_BW_FACTOR if proto == "LL" else 1) / 2
             options.append(CollectiveTime("tree", proto, t_lat * US + nbytes / t_bw))

@@ -166,13 +166,16 @@ def stage_memory(states: ModelStatesEstimate, activations: float, overheads: Ove
 
 
 def busiest_stage(first: MemoryEstimate, last: MemoryEstimate, middle: MemoryEstimate | None = None) -> MemoryEstimate:
-    """The stage needing the most memory (ties go to the first, then the last stage), recording the peak
-    per rank of every stage kind in ``stage_totals``."""
+    """The stage needing the most memory; ties go to the first, then the last stage."""
     busiest = first if first.total_bytes >= last.total_bytes else last
     if middle is not None and middle.total_bytes > busiest.total_bytes:
-        busiest = middle
-    totals = {m.stage: m.total_bytes for m in (first, middle, last) if m is not None}
-    return dataclasses.replace(busiest, stage_totals=totals)
+        return middle
+    return busiest
+
+
+def with_stage_totals(busiest: MemoryEstimate, stages: list[MemoryEstimate]) -> MemoryEstimate:
+    """``busiest`` recording the peak per rank of every stage kind (the LAYOUT record's memory.stages)."""
+    return dataclasses.replace(busiest, stage_totals={m.stage: m.total_bytes for m in stages})
 
 
 def activation_bytes_for(acts: ActivationsEstimate, stage: str) -> int:

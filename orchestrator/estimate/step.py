@@ -29,7 +29,8 @@ from .cost import CostModel
 from .engines import gathers_per_layer, grad_reduce_bytes
 from .flops import FlopsEstimate, estimate_flops
 from .hardware import Hardware, hardware_for
-from .memory import MemoryEstimate, busiest_stage, estimate_model_states, estimate_overheads, stage_memory
+from .memory import (MemoryEstimate, busiest_stage, estimate_model_states, estimate_overheads, stage_memory,
+                     with_stage_totals)
 from .params import ModelShape, ParamsEstimate, estimate_params, model_shape
 from .pipeline import bubble_fraction, pipeline_time_s
 from .uncertainty import layout_uncertainty, regime_of
@@ -145,7 +146,7 @@ def params_of(ctx: EstimateContext, lay: Layout) -> ParamsEstimate:
 
 
 def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None = None,
-                    acts: ActivationsEstimate | None = None) -> MemoryEstimate:
+                    acts: ActivationsEstimate | None = None, stage_totals: bool = False) -> MemoryEstimate:
     """Memory of the busiest GPU (the first, the first middle or the last pipeline stage)."""
     shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
     params = params or params_of(ctx, lay)
@@ -164,7 +165,8 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
                                   dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes)
         stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, headroom=cost.hbm_headroom,
                                    stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
-    return busiest_stage(*stages)
+    busiest = busiest_stage(*stages)
+    return with_stage_totals(busiest, stages) if stage_totals else busiest
 
 
 def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> ActivationsEstimate:
@@ -178,7 +180,7 @@ def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
     shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
     m = num_microbatches(ctx, lay)
     params = params_of(ctx, lay)
-    memory = estimate_memory(ctx, lay, params)
+    memory = estimate_memory(ctx, lay, params, stage_totals=True)
     timing = step_timing(ctx, lay, params)
     flops = estimate_flops(shape, ctx.global_batch, lay.recompute)
     step = timing.step_time_s
