@@ -13,6 +13,7 @@ training job's records (job.json, logs/exitcode, logs/pdsh_result.json) is touch
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -79,7 +80,7 @@ def _read_result(run_dir: Path, token: str) -> dict | None:
 
 
 def _env(token: str, **extra) -> dict:
-    return {"ORCH_PYTHON": sys.executable, "ORCH_ENTRY": ENTRY, "ORCH_DOCTOR_TOKEN": token, **extra}
+    return {"ORCH_PYTHON": os.environ.get("ORCH_PYTHON") or sys.executable, "ORCH_ENTRY": ENTRY, "ORCH_DOCTOR_TOKEN": token, **extra}
 
 
 def _wait_group(proc: subprocess.Popen, timeout_s: float) -> bool:
@@ -127,7 +128,7 @@ def _pdsh(run: RunDir, token: str, timeout_s: float, runner: CommandRunner, note
     target = pdsh.target_of(run)
     hosts = list(target.hosts)
     try:
-        port = pdsh.preflight(target, run.path.resolve(), sys.executable, runner)
+        port = pdsh.preflight(target, run.path.resolve(), os.environ.get("ORCH_PYTHON") or sys.executable, runner)
     except OrchError as e:
         return hosts, _host_problems(str(e), hosts, "preflight")
     run_id = uuid.uuid4().hex[:16]

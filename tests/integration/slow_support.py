@@ -1,0 +1,55 @@
+"""Really slowing one node or rank for a test: a CPU quota (cgroup v1 cpu controller) on exactly the
+test's own processes, removed in a finally block.
+
+The cgroup's processes get ``fraction`` of one core (CFS quota over a 10 ms period, so a short measurement
+cannot fit between throttled periods). :func:`python_wrapper` writes an interpreter wrapper for ORCH_PYTHON:
+run on the slowed node (SLURM's node name or pdsh's ORCH_HOST), it joins the cgroup before it execs the real
+Python, so torchrun and every rank it starts there inherit the quota; elsewhere it only execs.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+PERIOD_US = 10_000
+
+
+@contextlib.contextmanager
+def cpu_quota(fraction: float):
+    """A fresh cgroup limited to ``fraction`` of a core; yields its directory; empties and removes it after."""
+    if not (CGROUP_CPU / "cpu.cfs_quota_us").is_file() or not os.access(CGROUP_CPU, os.W_OK):
+        pytest.skip(f"no writable cgroup v1 cpu controller at {CGROUP_CPU}")
+    group = CGROUP_CPU / f"orch-test-slow-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(int(PERIOD_US * fraction)))
+        yield group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (CGROUP_CPU / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+def python_wrapper(directory: Path, group: Path, slow_host: str) -> Path:
+    """An ORCH_PYTHON that puts itself into ``group`` on ``slow_host`` and then runs the real Python."""
+    path = directory / "slow-python"
+    path.write_text("#!/bin/bash\n"
+                    f'if [ "${{SLURMD_NODENAME:-${{ORCH_HOST:-}}}}" = "{slow_host}" ]; then\n'
+                    f'  echo $$ > "{group}/cgroup.procs"\n'
+                    "fi\n"
+                    f'exec "{sys.executable}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def join(group: Path, pid: int) -> None:
+    """Move one running process (all its threads) into the cgroup."""
+    (group / "cgroup.procs").write_text(str(pid))

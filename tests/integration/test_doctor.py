@@ -1,0 +1,65 @@
+"""`orch doctor` for real: torchrun here, the 2-node SLURM cluster, pdsh over sshd; one node really slowed by
+a CPU quota on its own processes (tests/integration/slow_support.py), never by a sleep inside orch."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.launch_support import launch_env, make_run, orch
+from tests.integration.slow_support import cpu_quota, python_wrapper
+
+pytestmark = [pytest.mark.integration]
+pytest.importorskip("torch")
+
+
+def doctor(run, *args, env, timeout_s=200):
+    result = orch("doctor", str(run), *args, env=env, timeout_s=timeout_s)
+    report = json.loads((run / "doctor.json").read_text()) if (run / "doctor.json").is_file() else None
+    return result, report
+
+
+def test_local_healthy_two_ranks_pass_and_write_doctor_json(tmp_path):
+    run = make_run(tmp_path, **{"cluster.num_nodes": 1, "cluster.gpus_per_node": 2})
+    result, report = doctor(run, "--json", env=launch_env({}))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert json.loads(result.stdout) == report        # --json prints exactly doctor.json
+    assert report["healthy"] and report["process_group"] == "gloo"
+    assert [r["rank"] for r in report["ranks"]] == [0, 1] and all(r["gemm_flops"] > 1e8 for r in report["ranks"])
+    intra = report["collectives"]["intra_node"]["0"]
+    assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"} <= set(intra)
+    assert all(intra[op]["busbw_GBps"] > 0 for op in ("all_reduce", "all_to_all")) and intra["latency_s"] > 0
+    assert report["measured"]["intra_node_bandwidth_GBps"] > 0
+
+
+@pytest.mark.slurm
+def test_slurm_doctor_names_the_node_under_a_cpu_quota(slurm_cluster, tmp_path):
+    run = make_run(tmp_path, **{"launch.slurm.partition": slurm_cluster.partition})
+    with cpu_quota(0.2) as group:
+        env = launch_env(slurm_cluster.env, ORCH_PYTHON=str(python_wrapper(tmp_path, group, "orch-n2")))
+        result, report = doctor(run, "--backend", "slurm", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    gemm = [o for o in report["offenders"] if o["what"] == "gemm"]
+    assert [(o["host"], o["rank"]) for o in gemm] == [("orch-n2", 1)], report["offenders"]
+    assert "orch-n2 rank 1: GEMM" in result.stdout
+    assert {n["host"] for n in report["nodes"]} == {"orch-n1", "orch-n2"} and report["pairs"][0]["p2p_GBps"] > 0
+
+
+@pytest.mark.slurm
+def test_slurm_doctor_passes_a_healthy_cluster(slurm_cluster, tmp_path):
+    run = make_run(tmp_path, **{"launch.slurm.partition": slurm_cluster.partition})
+    result, report = doctor(run, "--backend", "slurm", env=launch_env(slurm_cluster.env))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert report["healthy"] and [n["host"] for n in report["nodes"]] == ["orch-n1", "orch-n2"]
+    assert report["measured"]["inter_node_bandwidth_GBps"] > 0
+
+
+@pytest.mark.pdsh
+def test_pdsh_doctor_names_the_host_under_a_cpu_quota(ssh_hosts, tmp_path):
+    run = make_run(tmp_path)
+    with cpu_quota(0.2) as group:
+        env = launch_env(ssh_hosts.env, ORCH_PYTHON=str(python_wrapper(tmp_path, group, "orch-n2")))
+        result, report = doctor(run, "--backend", "pdsh", env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    gemm = [o for o in report["offenders"] if o["what"] == "gemm"]
+    assert [(o["host"], o["rank"]) for o in gemm] == [("orch-n2", 1)], report["offenders"]
