@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+
+from ..node import host_name, mem_available_bytes
 
 REQUEST_DIR = "doctor"
 # (cpu, gpu) per mode: GEMM side, GEMM seconds, windows, collective bytes, iterations, latency iterations.
@@ -43,21 +44,6 @@ def request_path(run_dir: Path, token: str) -> Path:
 
 def result_path(run_dir: Path, token: str) -> Path:
     return Path(run_dir) / REQUEST_DIR / f"result-{token}.json"
-
-
-def host_name() -> str:
-    """The node's name as the launcher knows it: SLURM's node name, pdsh's %h, else the hostname."""
-    return os.environ.get("SLURMD_NODENAME") or os.environ.get("ORCH_HOST") or socket.gethostname()
-
-
-def mem_available_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 # --- measurements ---------------------------------------------------------------------------------------

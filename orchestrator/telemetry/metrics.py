@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .record import MetricsRecord
+from .straggler import rank_spread
 
 ROW = ("step_time_s", "compute_time_s", "allreduce_s", "allreduce_blocked_s", "allgather_s", "other_s",
        "allreduce_bytes", "allreduce_bus_bytes", "mem_peak_bytes", "loss", "stop")
@@ -57,8 +58,9 @@ def bubble(compute_s: float, step_s: float) -> float:
 
 
 def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: float, lr: float,
-                 grad_norm: float | None) -> MetricsRecord:
-    """The step's record from every rank's ROW (as dicts)."""
+                 grad_norm: float | None, hosts: list[str] | None = None) -> MetricsRecord:
+    """The step's record from every rank's ROW (as dicts); ``hosts[rank]`` names each rank's node."""
+    spread, slowest = rank_spread([r["compute_time_s"] for r in rows])
     step_time = max(r["step_time_s"] for r in rows)
     bubbles = [bubble(r["compute_time_s"], r["step_time_s"]) for r in rows] if c.pp > 1 else [0.0]
     allreduce = max(r["allreduce_s"] for r in rows)
@@ -86,4 +88,6 @@ def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: flo
         allreduce_busbw_GBps=(sum(r["allreduce_bus_bytes"] for r in rows) / ar_time_sum / 1e9
                               if ar_time_sum > 0 else 0.0),
         world_size=c.world_size,
+        rank_step_time_spread=spread, slowest_rank=slowest,
+        slowest_host=hosts[slowest] if hosts and slowest < len(hosts) else "",
     )

@@ -53,3 +53,25 @@ def python_wrapper(directory: Path, group: Path, slow_host: str) -> Path:
 def join(group: Path, pid: int) -> None:
     """Move one running process (all its threads) into the cgroup."""
     (group / "cgroup.procs").write_text(str(pid))
+
+
+def rank_pid(run_dir: Path, rank: int, timeout_s: float = 120) -> int:
+    """The pid of the live trainer process of ``run_dir`` with RANK=rank (polls until it is there)."""
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                words = (entry / "cmdline").read_bytes().decode(errors="replace").rstrip("\0").split("\0")
+                if words[-3:] != ["-m", "orchestrator.train", str(run_dir)]:
+                    continue
+                environ = (entry / "environ").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if f"RANK={rank}" in environ:
+                return int(entry.name)
+        time.sleep(0.1)
+    raise AssertionError(f"no trainer process with RANK={rank} for {run_dir} after {timeout_s} s")
