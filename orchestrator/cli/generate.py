@@ -12,7 +12,10 @@ import click
 @click.option("--top", "top_k", default=5, show_default=True, help="Candidates kept in plan.json.")
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False),
               help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
-def command(spec_path: str, out_dir: str, force: bool, top_k: int, calibration_path: str | None) -> None:
+@click.option("--measured", "measured_path", type=click.Path(dir_okay=False),
+              help="doctor.json from `orch doctor`: measured bandwidths, latency and GEMM rate replace the catalog's.")
+def command(spec_path: str, out_dir: str, force: bool, top_k: int, calibration_path: str | None,
+            measured_path: str | None) -> None:
     """Write the run dir for SPEC: ds_config.json, megatron_args.txt, megatron_config.json, launch
     scripts (local, SLURM, pdsh), hostfile, plan.json, spec.resolved.yaml and manifest.json.
 
@@ -26,7 +29,8 @@ def command(spec_path: str, out_dir: str, force: bool, top_k: int, calibration_p
     from .plan import calibrated_cost
 
     spec = load_spec(spec_path)
-    plan = build_plan(spec, top_k=top_k, cost=calibrated_cost(calibration_path, spec))
+    cost, measured = calibrated_cost(calibration_path, spec, measured_path)
+    plan = build_plan(spec, top_k=top_k, cost=cost, measured=measured)
     out = write_run_dir(plan, out_dir, force=force)
     lay = plan.layout
     click.echo(f"wrote {out}  ({lay.tag()}, world size {plan.world_size}, "

@@ -30,6 +30,14 @@ def test_local_healthy_two_ranks_pass_and_write_doctor_json(tmp_path):
     assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"} <= set(intra)
     assert all(intra[op]["busbw_GBps"] > 0 for op in ("all_reduce", "all_to_all")) and intra["latency_s"] > 0
     assert report["measured"]["intra_node_bandwidth_GBps"] > 0
+    # What it measured goes into the plan, and plan.json says which figures were measured.
+    planned = orch("generate", str(run / "spec.resolved.yaml"), "-o", str(tmp_path / "measured"), "--measured",
+                   str(run / "doctor.json"), env=launch_env({}))
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads((tmp_path / "measured" / "plan.json").read_text())
+    assert plan["measured"]["figures"]["intra_node_bandwidth_GBps"]["value"] == \
+        report["measured"]["intra_node_bandwidth_GBps"] == plan["cost_model"]["intra_node_bandwidth_GBps"]
+    assert {"collective_latency_s", "matmul_efficiency"} <= set(plan["measured"]["figures"])
 
 
 @pytest.mark.slurm

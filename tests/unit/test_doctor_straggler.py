@@ -82,3 +82,39 @@ def test_a_straggler_is_named_once_after_a_full_window_of_the_same_rank():
     assert named == [(5, 1, 3)]   # step 2 was under the threshold; named once, not again at step 6
     assert StragglerConfig.from_env({"ORCH_STRAGGLER_THRESHOLD": "1.5", "ORCH_STRAGGLER_WINDOW": "7"}) == \
         StragglerConfig(1.5, 7)
+
+
+def test_measured_doctor_json_replaces_the_catalog_figures_and_plan_json_says_so(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from orchestrator.spec import load_spec
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama3-8b-64xh100.yaml"
+    spec = load_spec(example)
+    doctor = {"doctor_version": 1, "backend": "slurm", "time_unix": 0.0,
+              "spec": {"gpu": spec.cluster.gpu, "precision": spec.training.precision},
+              "measured": {"intra_node_bandwidth_GBps": 90.0, "inter_node_bandwidth_GBps": 5.0,
+                           "collective_latency_s": 1e-4, "gemm_flops": 400e12}}
+    path = tmp_path / "doctor.json"
+    path.write_text(json.dumps(doctor))
+    orch = [str(Path(sys.executable).parent / "orch")]
+    base = subprocess.run([*orch, "generate", str(example), "-o", str(tmp_path / "base")], capture_output=True, text=True)
+    slow = subprocess.run([*orch, "generate", str(example), "-o", str(tmp_path / "measured"), "--measured", str(path)],
+                          capture_output=True, text=True)
+    assert base.returncode == 0 and slow.returncode == 0, base.stderr + slow.stderr
+    before = json.loads((tmp_path / "base" / "plan.json").read_text())
+    after = json.loads((tmp_path / "measured" / "plan.json").read_text())
+    assert "measured" not in before
+    figures = after["measured"]["figures"]
+    assert set(figures) == {"intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps", "collective_latency_s",
+                            "matmul_efficiency"}
+    assert figures["inter_node_bandwidth_GBps"]["value"] == 5.0 and after["cost_model"]["inter_node_bandwidth_GBps"] == 5.0
+    assert after["chosen"]["step_time_s"] > before["chosen"]["step_time_s"]
+    # A doctor.json of another GPU is refused, naming the file and the field.
+    doctor["spec"]["gpu"] = "a100-80gb"
+    path.write_text(json.dumps(doctor))
+    bad = subprocess.run([*orch, "plan", str(example), "--measured", str(path)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "spec.gpu" in bad.stderr and "a100-80gb" in bad.stderr
