@@ -3,6 +3,7 @@ a CPU quota on its own processes (tests/integration/slow_support.py), never by a
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -71,3 +72,34 @@ def test_pdsh_doctor_names_the_host_under_a_cpu_quota(ssh_hosts, tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     gemm = [o for o in report["offenders"] if o["what"] == "gemm"]
     assert [(o["host"], o["rank"]) for o in gemm] == [("orch-n2", 1)], report["offenders"]
+
+
+def test_launch_preflight_passes_then_trains(tmp_path):
+    pytest.importorskip("deepspeed")
+    run = make_run(tmp_path, **{"cluster.num_nodes": 1, "cluster.gpus_per_node": 2, "training.train_iters": 2})
+    result = orch("launch", str(run), "--preflight", "--wait", env=launch_env({}))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "preflight: 1 node(s), 2 rank(s) healthy" in result.stderr
+    assert json.loads((run / "doctor.json").read_text())["mode"] == "quick"
+
+
+@pytest.mark.slurm
+def test_launch_preflight_refuses_more_nodes_than_the_partition_has_at_once(slurm_cluster, tmp_path):
+    run = make_run(tmp_path, **{"launch.slurm.partition": slurm_cluster.partition, "cluster.num_nodes": 4,
+                                "training.global_batch_size": 16})
+    started = time.monotonic()
+    result = orch("launch", str(run), "--backend", "slurm", "--preflight", env=launch_env(slurm_cluster.env))
+    assert result.returncode == 1 and time.monotonic() - started < 30, result.stderr
+    assert "preflight failed" in result.stderr and "nothing was started" in result.stderr
+    assert "has 2 usable node(s) (orch-n1, orch-n2), the spec needs num_nodes(4)" in result.stderr
+    assert not (run / "job.json").exists()
+
+
+@pytest.mark.pdsh
+def test_launch_preflight_names_a_host_that_is_not_there(ssh_hosts, tmp_path):
+    run = make_run(tmp_path, **{"launch.pdsh.hosts": ["orch-n1", "orch-missing-host"]})
+    started = time.monotonic()
+    result = orch("launch", str(run), "--backend", "pdsh", "--preflight", env=launch_env(ssh_hosts.env))
+    assert result.returncode == 1 and time.monotonic() - started < 60, result.stderr
+    assert "orch-missing-host (not reachable over ssh" in result.stderr, result.stderr
+    assert not (run / "job.json").exists()
