@@ -233,6 +233,11 @@ def render_text(report: dict) -> str:
                      f"{n['gemm_gflops_min']:>13.1f} {n['mem_available_GiB']:>9.1f} "
                      f"{_fmt(n['intra_allreduce_GBps']):>11} {_fmt(n['inter_allreduce_GBps']):>11} "
                      f"{_fmt(n['pair_p2p_GBps']):>10} {_fmt(n['pair_latency_us'], '.0f'):>12}")
+    lines += ["", f"{'rank':<5} {'host':<16} {'node':<5} {'GEMM GFLOP/s':>13}  windows"]
+    for r in report["ranks"]:
+        windows = " ".join(f"{w / 1e9:.1f}" for w in r["gemm"].get("window_flops", []))
+        lines.append(f"{r['rank']:<5} {r['host']:<16} {r['node_rank']:<5} {r['gemm_flops'] / 1e9:>13.1f}  {windows}")
+    lines.append("")
     for scope, view in report["collectives"].items():
         for key, v in (view.items() if scope == "intra_node" else [(None, view)]):
             ops = "  ".join(f"{op} {v[op]['busbw_GBps']:.2f}" for op in
