@@ -54,16 +54,17 @@ def run_doctor(run_dir: str | Path, options: DoctorOptions = DoctorOptions(), *,
                                                "rendezvous_timeout_s": max(10.0, timeout_s * 0.8)})
     (run.path / LOG_DIR).mkdir(exist_ok=True)
     started = time.monotonic()
-    hosts, problems = None, []
+    hosts, problems, log = None, [], run.path / LOG_DIR / "doctor.log"
     try:
         launcher = {"local": _local, "pdsh": _pdsh, "slurm": _slurm}[backend]
-        hosts, problems = launcher(run, token, timeout_s, runner or CommandRunner(), note)
+        hosts, problems, log = launcher(run, token, timeout_s, runner or CommandRunner(), note)
     finally:
         request_path(run.path, token).unlink(missing_ok=True)
     result = _read_result(run.path, token)
     if result is None and not problems:
+        last = " | ".join(line.strip() for line in tail_lines(log, 3))
         problems = [{"host": "-", "rank": None, "what": "launch",
-                     "message": f"the probe ended without results; see {run.path / LOG_DIR / 'doctor.log'}"}]
+                     "message": f"the probe ended without results; last lines of {log}: {last[-400:]}"}]
     report = build_report(result, run.spec, backend=backend, mode=options.mode, threshold=options.threshold,
                           hosts=hosts, launch_problems=problems, seconds=time.monotonic() - started)
     write_json(run.path / DOCTOR_FILE, report)
@@ -115,8 +116,8 @@ def _local(run: RunDir, token: str, timeout_s: float, runner: CommandRunner, not
     note(f"doctor: torchrun on this host ({run.spec.world_size} rank(s)); log {log}")
     proc = runner.start(plan, log_path=log)
     if not _wait_group(proc, timeout_s):
-        return None, [_timeout_problem("torchrun", timeout_s, log)]
-    return None, []
+        return None, [_timeout_problem("torchrun", timeout_s, log)], log
+    return None, [], log
 
 
 # --- pdsh -------------------------------------------------------------------------------------------------
@@ -130,7 +131,7 @@ def _pdsh(run: RunDir, token: str, timeout_s: float, runner: CommandRunner, note
     try:
         port = pdsh.preflight(target, run.path.resolve(), os.environ.get("ORCH_PYTHON") or sys.executable, runner)
     except OrchError as e:
-        return hosts, _host_problems(str(e), hosts, "preflight")
+        return hosts, _host_problems(str(e), hosts, "preflight"), None
     run_id = uuid.uuid4().hex[:16]
     plan = LaunchPlan(backend="pdsh", argv=["bash", pdsh.SCRIPT], cwd=run.path,
                       env=_env(token, MASTER_PORT=str(port), ORCH_PDSH_RUN_ID=run_id))
@@ -144,8 +145,8 @@ def _pdsh(run: RunDir, token: str, timeout_s: float, runner: CommandRunner, note
     if not finished:
         pdsh.stop_remote(target, run_id, runner)
         _wait_group(proc, 20)
-        return hosts, [_timeout_problem("pdsh", timeout_s, log)]
-    return hosts, []
+        return hosts, [_timeout_problem("pdsh", timeout_s, log)], log
+    return hosts, [], log
 
 
 def _host_problems(message: str, hosts: list[str], what: str) -> list[dict]:
@@ -165,24 +166,25 @@ def _slurm(run: RunDir, token: str, timeout_s: float, runner: CommandRunner, not
 
     problems = slurm_node_problems(run, runner)
     if problems:
-        return None, problems
+        return None, problems, None
     plan = slurm.build(run)
     result = slurm._run_slurm(runner, plan.argv, cwd=plan.cwd, env={**plan.env, **_env(token)})
     job_id = slurm.parse_sbatch_output(result.stdout, result.stderr)
     record = JobRecord(backend="slurm", job_id=job_id, run_dir=str(run.path), submitted_unix=time.time(),
                        log_path=str(run.path / LOG_DIR / f"slurm-{job_id}.out"))
     note(f"doctor: SLURM job {job_id} (srun on the job's nodes); log {record.log_path}")
+    log = run.path / LOG_DIR / f"slurm-{job_id}.err"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if slurm.status(record, runner).finished:
-            return None, []
+            return None, [], log
         time.sleep(0.5)
     jobs = slurm.query(job_id, runner) or []
     state = ", ".join(sorted({f"{j.state} (reason {j.reason})" for j in jobs})) or "unknown"
     slurm.cancel(record, runner, wait_s=15)
     return None, [{"host": ",".join(sorted({j.nodes for j in jobs if j.nodes})) or "-", "rank": None,
                    "what": "rendezvous", "message": f"SLURM job {job_id} was still {state} after {timeout_s:.0f} s; "
-                                                    "cancelled it"}]
+                                                    "cancelled it"}], log
 
 
 def slurm_node_problems(run: RunDir, runner: CommandRunner) -> list[dict]:

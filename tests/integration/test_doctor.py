@@ -103,3 +103,14 @@ def test_launch_preflight_names_a_host_that_is_not_there(ssh_hosts, tmp_path):
     assert result.returncode == 1 and time.monotonic() - started < 60, result.stderr
     assert "orch-missing-host (not reachable over ssh" in result.stderr, result.stderr
     assert not (run / "job.json").exists()
+
+
+@pytest.mark.slurm
+def test_a_job_that_never_starts_fails_within_the_timeout_with_slurms_reason(slurm_cluster, tmp_path):
+    run = make_run(tmp_path, **{"launch.slurm.partition": slurm_cluster.partition,
+                                "launch.slurm.extra_args": "--begin=now+1hour"})
+    started = time.monotonic()
+    result, report = doctor(run, "--backend", "slurm", "--quick", "--timeout", "8", env=launch_env(slurm_cluster.env))
+    assert result.returncode == 1 and time.monotonic() - started < 40, result.stderr
+    assert "was still PENDING (reason BeginTime) after 8 s; cancelled it" in result.stdout, result.stdout
+    assert report["offenders"][0]["what"] == "rendezvous" and report["nodes"] == []
