@@ -198,7 +198,9 @@ def probe(run_dir: Path, request: dict) -> dict | None:
     dist.gather_object({**result, "pairs": pairs}, gathered if rank == 0 else None, dst=0)
     dist.barrier()
     dist.destroy_process_group()
-    return {"world_size": world, "backend": "nccl" if on_gpu else "gloo", "ranks": gathered} if rank == 0 else None
+    rendezvous = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    return ({"world_size": world, "backend": "nccl" if on_gpu else "gloo", "rendezvous": rendezvous, "ranks": gathered}
+            if rank == 0 else None)
 
 
 def _comm(torch, dist, placement, rank: int, device, size: dict, sync, full: bool) -> tuple[dict, list]:

@@ -87,7 +87,7 @@ def build_report(result: dict | None, spec, *, backend: str, mode: str, threshol
     return {
         "doctor_version": DOCTOR_VERSION, "orch_version": __version__, "time_unix": time.time(),
         "backend": backend, "mode": mode, "threshold": threshold, "seconds": seconds,
-        "process_group": (result or {}).get("backend"),
+        "process_group": (result or {}).get("backend"), "rendezvous": (result or {}).get("rendezvous"),
         "spec": {"name": spec.name, "gpu": spec.cluster.gpu, "num_nodes": spec.cluster.num_nodes,
                  "gpus_per_node": spec.cluster.gpus_per_node, "precision": spec.training.precision},
         "healthy": not offenders, "offenders": offenders, "nodes": nodes,
@@ -224,7 +224,9 @@ def render_text(report: dict) -> str:
     """The per-node table, the collectives, the pairs and the verdict (plain text)."""
     s = report["spec"]
     lines = [f"orch doctor ({report['mode']}, {report['backend']}, {report.get('process_group') or '-'}): "
-             f"{s['num_nodes']} node(s) x {s['gpus_per_node']} {s['gpu']}, {report['seconds']:.1f} s",
+             f"{s['num_nodes']} node(s) x {s['gpus_per_node']} {s['gpu']}, {report['seconds']:.1f} s"
+             + (f"; rendezvous {report['rendezvous']}: {len(report['ranks'])} rank(s) joined" if report.get("rendezvous")
+                else ""),
              "", f"{'node':<5} {'host':<16} {'ranks':<8} {'device':<12} {'GEMM GFLOP/s':>13} {'free GiB':>9} "
              f"{'intra GB/s':>11} {'inter GB/s':>11} {'pair GB/s':>10} {'pair lat us':>12}"]
     for n in report["nodes"]:
