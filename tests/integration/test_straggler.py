@@ -8,7 +8,8 @@ import json
 import pytest
 
 from orchestrator.node import host_name
-from tests.integration.launch_support import launch_env, make_run, orch, start_orch
+from orchestrator.runs import read_wandb_offline
+from tests.integration.launch_support import launch_env, make_run, orch, start_orch, wait_records
 from tests.integration.slow_support import cpu_quota, join, rank_pid
 from tests.integration.train_support import load_metrics
 
@@ -22,13 +23,15 @@ def test_slowed_rank_is_named_in_metrics_log_status_and_wandb(tmp_path):
     env = launch_env({}, ORCH_STRAGGLER_WINDOW="3", ORCH_STRAGGLER_THRESHOLD="1.25")
     with cpu_quota(0.1) as group:
         job = start_orch("launch", str(run), "--wait", env=env)
-        join(group, rank_pid(run, 1))
+        pid = rank_pid(run, 1)
+        wait_records(run, 1, job=job)     # slowed once training runs: the start-up stays fast
+        join(group, pid)
         out, err = job.communicate(timeout=300)
     assert job.returncode == 0, err[-3000:]
     records = load_metrics(run)
     # With 2 ranks the median is their mean, so the spread is at most 2: rank 1 at 1/4 of rank 0's speed gives
     # 1.6 (measured at a 0.2 quota: compute 0.25 s against ~0.06-0.1 s); the 0.1 quota leaves a margin.
-    late = records[3:]        # after warm-up (and after the quota took hold)
+    late = records[3:]        # after warm-up and after the quota took hold (from step 2 or 3)
     assert all(r["rank_step_time_spread"] > 1.25 for r in late), [r["rank_step_time_spread"] for r in records]
     assert {(r["slowest_rank"], r["slowest_host"]) for r in late} == {(1, host_name())}
     straggler = json.loads((run / "straggler.json").read_text())
@@ -36,4 +39,8 @@ def test_slowed_rank_is_named_in_metrics_log_status_and_wandb(tmp_path):
     assert f"straggler: rank 1 on {host_name()} computes" in (run / "logs" / "launch.log").read_text()
     status = orch("status", str(run), env=env)
     assert f"straggler: rank 1 on {host_name()}:" in status.stdout, status.stdout
-    assert list((run / "wandb").glob("offline-run-*/run-*.wandb")), "no offline W&B run"
+    wandb_files = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(wandb_files) == 1, "no offline W&B run"
+    history = read_wandb_offline("w&b", wandb_files[0]).history
+    assert [h["slowest_host"] for h in history[3:]] == [host_name()] * (len(history) - 3)
+    assert all(h["rank_step_time_spread"] > 1.25 for h in history[3:])
