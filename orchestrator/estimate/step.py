@@ -19,18 +19,20 @@ from dataclasses import dataclass
 
 from ..errors import Problem, SpecError
 from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
-from ..spec import Spec
+from ..spec import Spec, default_engine, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
-from .comm import (CommEstimate, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
+from .comm import (CommEstimate, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
                    ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, estimate_layer_time, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
+from .engines import grad_reduce_bytes
 from .flops import FlopsEstimate, estimate_flops
 from .hardware import Hardware, hardware_for
 from .memory import MemoryEstimate, busiest_stage, estimate_model_states, estimate_overheads, stage_memory
 from .params import ModelShape, ParamsEstimate, estimate_params, model_shape
 from .pipeline import bubble_fraction, pipeline_time_s
+from .uncertainty import layout_uncertainty, regime_of
 
 
 @dataclass(frozen=True)
@@ -42,12 +44,18 @@ class EstimateContext:
     cost: CostModel
     global_batch: int
     precision: str
+    engine: str                   # training.engine: megatron | deepspeed
+    host_capacity_bytes: float    # host memory one process may fill with offloaded states
 
     @classmethod
     def of(cls, spec: Spec, cost: CostModel | None = None) -> "EstimateContext":
         cost = cost or CostModel()
+        c = spec.cluster
+        host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
         return cls(shape=model_shape(spec), hw=hardware_for(spec, cost), cost=cost,
-                   global_batch=spec.training.global_batch_size, precision=spec.training.precision)
+                   global_batch=spec.training.global_batch_size, precision=spec.training.precision,
+                   engine=spec.training.engine or default_engine(c.gpu),
+                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,7 @@ class LayoutEstimate:
     """Predicted memory, time and communication of one complete layout."""
 
     layout: Layout
+    engine: str
     num_microbatches: int
     memory: MemoryEstimate
     flops: FlopsEstimate
@@ -79,6 +88,7 @@ class LayoutEstimate:
     bubble_fraction: float
     comm: CommEstimate
     breakdown: StepBreakdown
+    uncertainty: dict          # expected relative error of tokens_per_s, its regime and basis (uncertainty.py)
 
     @property
     def grad_accum_steps(self) -> int:
@@ -93,7 +103,7 @@ class LayoutEstimate:
         lay = self.layout
         split = {k: getattr(lay, k) for k in ("first_stage_layers", "last_stage_layers") if getattr(lay, k) is not None}
         return split | {
-            "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "zero_stage": lay.zero_stage,
+            "engine": self.engine, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "zero_stage": lay.zero_stage,
             "micro_batch_size": lay.micro_batch_size, "grad_accum_steps": self.grad_accum_steps,
             "num_microbatches": self.num_microbatches, "sequence_parallel": lay.sequence_parallel,
             "recompute": lay.recompute, "offload": lay.offload, "tag": lay.tag(),
@@ -102,6 +112,7 @@ class LayoutEstimate:
             "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
             "hfu": self.hfu, "bubble_fraction": self.bubble_fraction, "comm": self.comm.to_dict(),
             "breakdown": {k: float(v) for k, v in vars(self.breakdown).items()},
+            "uncertainty": dict(self.uncertainty),
         }
 
 
@@ -147,7 +158,7 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
                                   largest_layer_params=params.largest_layer_per_gpu, activations_bytes=act,
                                   dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes)
         stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, headroom=cost.hbm_headroom,
-                                   stage=name, host_capacity_bytes=cost.host_memory_bytes_per_gpu))
+                                   stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
     return busiest_stage(*stages)
 
 
@@ -169,10 +180,12 @@ def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
     world = hw.world_size
     tflops = flops.model_flops / (step * world) / 1e12
     return LayoutEstimate(
-        layout=lay, num_microbatches=m, memory=memory, flops=flops, step_time_s=step,
+        layout=lay, engine=ctx.engine, num_microbatches=m, memory=memory, flops=flops, step_time_s=step,
         tokens_per_s=ctx.global_batch * shape.seq_length / step, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / hw.peak_flops, hfu=flops.hardware_flops / (step * world) / hw.peak_flops,
-        bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown)
+        bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown,
+        uncertainty=layout_uncertainty(regime_of(ctx.engine, hw.name, lay.pp, lay.zero_stage),
+                                       calibrated=cost != CostModel()))
 
 
 @dataclass(frozen=True)
@@ -232,7 +245,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
         inter = tp * dp * pp > gpn
         one_bytes, one_s = pipeline_transfer(tokens=tokens, hidden=shape.hidden_size, tp_pl=tp_pl,
                                              sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
-        x = 2 * vpp * one_s
+        x = p2p_transfers_per_microbatch(ctx.engine, vpp) * one_s
         x_exposed = (1 - cost.pp_overlap) * x
         pp_bytes, pp_s = 2 * vpp * m * one_bytes, m * x
         if shape.tie_embeddings:
@@ -243,10 +256,12 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
                            p2p_s=x_exposed)
     reduce_layers = _layers_holding_most_params(split, params)
-    dp_comm = data_parallel_comm(
-        param_bytes=params.per_gpu * hw.dtype_bytes, pl=group_placement(dp, tp, gpn), zero_stage=lay.zero_stage,
+    dp_work = DataParallelWork(
+        engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=params.per_gpu, param_bytes=hw.dtype_bytes,
+        grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
         num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
-        backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s), overlap=cost.dp_overlap, hw=hw)
+        backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
+    dp_comm = data_parallel_comm(dp_work, group_placement(dp, tp, gpn), cost.dp_overlap, hw)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync
     tp_total = m * stage_layers * tp_s
@@ -260,6 +275,16 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+
+
+def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
+    """Exposed pipeline transfers per micro-batch on a stage's critical path. Megatron's 1F1B sends the
+    activation forward and receives the gradient in one batched exchange (p2p_communication.py:
+    send_forward_recv_backward / send_backward_recv_forward), one each way per chunk: 2v. DeepSpeed's
+    pipeline engine runs SendActivation, RecvActivation, SendGrad and RecvGrad as separate blocking
+    instructions (deepspeed/runtime/pipe/schedule.py TrainSchedule, engine.py _exec_send_activations ...):
+    4, none overlapped."""
+    return 4 if engine == "deepspeed" else 2 * vpp
 
 
 def _layers_holding_most_params(split: StageSplit, params: ParamsEstimate) -> int:
