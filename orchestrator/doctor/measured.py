@@ -3,8 +3,9 @@
 It goes through the same :class:`~orchestrator.estimate.cost.CostModel` that ``--calibration`` fills (on top
 of it, when both are given): the measured intra- and inter-node all-reduce bus bandwidths become
 ``intra/inter_node_bandwidth_GBps`` (used as they are, ahead of the spec's and the catalog's), the 8-byte
-all-reduce latency ``collective_latency_s``, and the slowest rank's GEMM rate over the precision's dense
-peak ``matmul_efficiency`` (at most 1). plan.json's ``measured`` block lists each figure that was replaced,
+all-reduce latency ``collective_latency_s`` (per ring hop; CPU runs only: on GPUs the cost model takes NCCL's
+per-link latencies from its table, which a small all-reduce does not resolve), and the slowest rank's GEMM
+rate over the precision's dense peak ``matmul_efficiency`` (at most 1). plan.json's ``measured`` block lists each figure that was replaced,
 its value and where it came from.
 """
 from __future__ import annotations
@@ -20,8 +21,7 @@ from .report import DOCTOR_VERSION
 
 # doctor.json measured.<name> -> the CostModel field it sets
 FIGURES = {"intra_node_bandwidth_GBps": "intra_node_bandwidth_GBps",
-           "inter_node_bandwidth_GBps": "inter_node_bandwidth_GBps",
-           "collective_latency_s": "collective_latency_s"}
+           "inter_node_bandwidth_GBps": "inter_node_bandwidth_GBps"}
 
 
 def load_doctor(path: str | Path) -> dict:
@@ -39,6 +39,15 @@ def load_doctor(path: str | Path) -> dict:
         raise SpecError(Problem(where, f"not a doctor.json of version {DOCTOR_VERSION} (no measured figures)",
                                 "re-run `orch doctor RUN_DIR` with this orch"))
     return data
+
+
+def per_hop_latency_s(measured: dict) -> float | None:
+    """The cost model's gloo latency per ring hop from an 8-byte all-reduce over n ranks: the model charges
+    1 + 2(n-1) hops for it (estimate/comm.py), so the measured time is split over as many."""
+    lat, n = measured.get("allreduce_latency_s"), measured.get("allreduce_latency_ranks")
+    if not isinstance(lat, (int, float)) or not isinstance(n, int) or lat <= 0 or n < 2:
+        return None
+    return float(lat) / (1 + 2 * (n - 1))
 
 
 def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -> tuple[CostModel, dict]:
@@ -60,6 +69,12 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
         if isinstance(value, (int, float)) and value > 0:
             terms[field] = float(value)
             figures[field] = {"value": float(value), "from": f"measured.{name}"}
+    hop = per_hop_latency_s(measured)
+    if hop is not None and spec.cluster.gpu == "cpu":
+        terms["collective_latency_s"] = hop
+        figures["collective_latency_s"] = {"value": hop, "from": "measured.allreduce_latency_s",
+                                           "allreduce_latency_s": measured["allreduce_latency_s"],
+                                           "ranks": measured["allreduce_latency_ranks"]}
     gemm = measured.get("gemm_flops")
     if isinstance(gemm, (int, float)) and gemm > 0:
         peak = GPUS[spec.cluster.gpu].peak_for(spec.training.precision)

@@ -208,9 +208,9 @@ def measured_figures(ranks: list[dict]) -> dict:
         out["intra_node_bandwidth_GBps"] = min(v["all_reduce"]["busbw_GBps"] for v in coll["intra_node"].values())
     if "inter_node" in coll:
         out["inter_node_bandwidth_GBps"] = coll["inter_node"]["all_reduce"]["busbw_GBps"]
-    lat = [v["latency_s"] for v in [coll.get("world")] if v]
-    if lat:
-        out["collective_latency_s"] = max(lat)
+    if coll.get("world"):
+        out["allreduce_latency_s"] = coll["world"]["latency_s"]      # an 8-byte all-reduce over every rank
+        out["allreduce_latency_ranks"] = coll["world"]["ranks"]
     return out
 
 

@@ -39,6 +39,8 @@ def test_local_healthy_two_ranks_pass_and_write_doctor_json(tmp_path):
     assert plan["measured"]["figures"]["intra_node_bandwidth_GBps"]["value"] == \
         report["measured"]["intra_node_bandwidth_GBps"] == plan["cost_model"]["intra_node_bandwidth_GBps"]
     assert {"collective_latency_s", "matmul_efficiency"} <= set(plan["measured"]["figures"])
+    hop = plan["measured"]["figures"]["collective_latency_s"]
+    assert hop["value"] == pytest.approx(report["measured"]["allreduce_latency_s"] / 3)   # 2 ranks: 1 + 2 hops
 
 
 @pytest.mark.slurm
