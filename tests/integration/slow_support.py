@@ -1,7 +1,7 @@
 """Really slowing one node or rank for a test: a CPU quota (cgroup v1 cpu controller) on exactly the
 test's own processes, removed in a finally block.
 
-The cgroup's processes get ``fraction`` of one core (CFS quota over a 10 ms period, so a short measurement
+The cgroup's processes get ``fraction`` of one core (CFS quota over a 10 ms period, longer for quotas under 1 ms, so a short measurement
 cannot fit between throttled periods). :func:`python_wrapper` writes an interpreter wrapper for ORCH_PYTHON:
 run on the slowed node (SLURM's node name or pdsh's ORCH_HOST), it joins the cgroup before it execs the real
 Python, so torchrun and every rank it starts there inherit the quota; elsewhere it only execs.
@@ -18,6 +18,15 @@ import pytest
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 10_000
+MIN_QUOTA_US = 1_000
+
+
+def slow_fraction(cap: float = 0.2) -> float:
+    """A quota that really slows a process on this shared machine: under load every runnable process gets
+    about cores / (load + 1) of a core, so a fixed quota can be no slower than what the healthy ranks get.
+    Takes 0.3 of that fair share (at most ``cap``, at least 0.03 of a core)."""
+    share = len(os.sched_getaffinity(0)) / (os.getloadavg()[0] + 1)
+    return max(0.03, min(cap, 0.3 * share))
 
 
 @contextlib.contextmanager
@@ -28,8 +37,9 @@ def cpu_quota(fraction: float):
     group = CGROUP_CPU / f"orch-test-slow-{uuid.uuid4().hex[:8]}"
     group.mkdir()
     try:
-        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        (group / "cpu.cfs_quota_us").write_text(str(int(PERIOD_US * fraction)))
+        period_us = max(PERIOD_US, int(MIN_QUOTA_US / fraction) + 1)   # the kernel refuses quotas under 1 ms
+        (group / "cpu.cfs_period_us").write_text(str(period_us))
+        (group / "cpu.cfs_quota_us").write_text(str(int(period_us * fraction)))
         yield group
     finally:
         for pid in (group / "cgroup.procs").read_text().split():

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.integration.launch_support import launch_env, make_run, orch
-from tests.integration.slow_support import cpu_quota, python_wrapper
+from tests.integration.slow_support import cpu_quota, slow_fraction, python_wrapper
 
 pytestmark = [pytest.mark.integration]
 pytest.importorskip("torch")
@@ -46,7 +46,7 @@ def test_local_healthy_two_ranks_pass_and_write_doctor_json(tmp_path):
 @pytest.mark.slurm
 def test_slurm_doctor_names_the_node_under_a_cpu_quota(slurm_cluster, tmp_path):
     run = make_run(tmp_path, **{"launch.slurm.partition": slurm_cluster.partition})
-    with cpu_quota(0.2) as group:
+    with cpu_quota(slow_fraction()) as group:
         env = launch_env(slurm_cluster.env, ORCH_PYTHON=str(python_wrapper(tmp_path, group, "orch-n2")))
         result, report = doctor(run, "--backend", "slurm", env=env)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -68,7 +68,7 @@ def test_slurm_doctor_passes_a_healthy_cluster(slurm_cluster, tmp_path):
 @pytest.mark.pdsh
 def test_pdsh_doctor_names_the_host_under_a_cpu_quota(ssh_hosts, tmp_path):
     run = make_run(tmp_path)
-    with cpu_quota(0.2) as group:
+    with cpu_quota(slow_fraction()) as group:
         env = launch_env(ssh_hosts.env, ORCH_PYTHON=str(python_wrapper(tmp_path, group, "orch-n2")))
         result, report = doctor(run, "--backend", "pdsh", env=env)
     assert result.returncode == 1, result.stdout + result.stderr
