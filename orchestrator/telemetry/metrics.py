@@ -60,7 +60,7 @@ def bubble(compute_s: float, step_s: float) -> float:
 def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: float, lr: float,
                  grad_norm: float | None, hosts: list[str] | None = None) -> MetricsRecord:
     """The step's record from every rank's ROW (as dicts); ``hosts[rank]`` names each rank's node."""
-    spread, slowest = rank_spread([r["compute_time_s"] for r in rows])
+    spread, slowest = rank_spread([r["compute_time_s"] for r in rows], c.pp)
     step_time = max(r["step_time_s"] for r in rows)
     bubbles = [bubble(r["compute_time_s"], r["step_time_s"]) for r in rows] if c.pp > 1 else [0.0]
     allreduce = max(r["allreduce_s"] for r in rows)

@@ -4,7 +4,8 @@ Synchronous training makes every rank's *step* time equal (the fast ranks wait f
 collectives), so the comparison uses each rank's compute time with its waits in collectives excluded
 (``compute_time_s`` of the per-rank row, timing.py). Per step:
 
-- ``rank_step_time_spread`` = the slowest rank's compute time / the median rank's (1.0: all equal);
+- ``rank_step_time_spread`` = the slowest rank's compute time / the median rank's (1.0: all equal); with
+  pipeline parallelism, within each stage (one rank per stage: nothing to compare, 1.0);
 - ``slowest_rank`` and ``slowest_host`` name that rank.
 
 A rank is a *persistent* straggler when it was the slowest with a spread above ``threshold`` in each of the
@@ -49,13 +50,26 @@ class StragglerConfig:
         return StragglerConfig(threshold=max(1.0, threshold), window=max(1, window))
 
 
-def rank_spread(compute_times: list[float]) -> tuple[float, int]:
-    """(slowest / median, the slowest rank) of per-rank compute times; (1.0, 0) when there is nothing to compare."""
-    if not compute_times:
+def rank_spread(compute_times: list[float], num_stages: int = 1) -> tuple[float, int]:
+    """(slowest / median, the slowest rank) of per-rank compute times; (1.0, 0) when there is nothing to compare.
+
+    With pipeline parallelism ranks are compared within their stage only (stages do different work: the
+    first holds the embedding, the last the loss); pp is the outermost rank dimension, so stage s is the
+    s-th contiguous block of ranks. The stage with the largest spread gives the answer.
+    """
+    n = len(compute_times)
+    if not n:
         return 1.0, 0
-    slowest = max(range(len(compute_times)), key=lambda r: compute_times[r])
-    mid = statistics.median(compute_times)
-    return (compute_times[slowest] / mid if mid > 0 else 1.0), slowest
+    size = n // num_stages if num_stages > 1 and n % num_stages == 0 else n
+    best = (1.0, max(range(n), key=lambda r: compute_times[r]) if size == n else 0)
+    for start in range(0, n, size):
+        block = compute_times[start:start + size]
+        slowest = max(range(len(block)), key=lambda r: block[r])
+        mid = statistics.median(block)
+        spread = block[slowest] / mid if mid > 0 else 1.0
+        if spread > best[0] or (spread == best[0] and start == 0):
+            best = (spread, start + slowest)
+    return best
 
 
 @dataclass(frozen=True)

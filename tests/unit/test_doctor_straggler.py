@@ -64,6 +64,10 @@ def test_rank_spread_is_slowest_over_median():
     assert rank_spread([1.0, 1.0, 3.0]) == (3.0, 2)
     assert rank_spread([0.1, 0.3]) == (pytest.approx(1.5), 1)
     assert rank_spread([]) == (1.0, 0)
+    # Pipeline stages do different work: ranks are compared within their stage (pp outermost).
+    assert rank_spread([1.0, 1.0, 3.0, 3.0], num_stages=2) == (1.0, 0)
+    assert rank_spread([1.0, 1.0, 3.0, 6.0], num_stages=2) == (pytest.approx(6 / 4.5), 3)
+    assert rank_spread([1.0, 3.0], num_stages=2) == (1.0, 0)
 
 
 def test_the_record_carries_the_spread_and_the_slowest_rank_and_host():
