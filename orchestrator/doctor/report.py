@@ -2,7 +2,8 @@
 
 An outlier is named by host and rank:
 - a rank whose GEMM rate is more than ``threshold`` (default 20%) below the median rank's, or (GPUs) below
-  (1 - threshold) x the catalog's sustained GEMM rate for the precision (peak x matmul efficiency);
+  (1 - threshold) x the catalog's sustained GEMM rate for the precision (peak x matmul efficiency; the
+  plan's calibrated or measured efficiency when it has one);
 - a node whose pairwise p2p bandwidth (median over the pairs it is in) is more than ``threshold`` below the
   median node's (needs 3 nodes or more: with two, the one pair cannot say which end is slow), or whose
   intra-node all-reduce bus bandwidth is more than ``threshold`` below the median node's;
@@ -35,16 +36,18 @@ def _pct(value: float, reference: float) -> str:
     return f"{100 * (1 - value / reference):.0f}% below" if reference > 0 else "below"
 
 
-def catalog_figures(spec) -> dict:
-    """What the catalog expects of one device of the spec's cluster (None on CPU: not compared)."""
+def catalog_figures(spec, cost_model: dict | None = None) -> dict:
+    """What the catalog expects of one device of the spec's cluster ({} on CPU: not compared); the plan's
+    calibrated or measured cost-model terms (plan.json ``cost_model``) take the catalog's place when set."""
     from ..catalog.gpus import GPUS  # noqa: PLC0415
 
     if spec.cluster.gpu == "cpu":
         return {}
-    gpu = GPUS[spec.cluster.gpu]
-    return {"gemm_flops": gpu.peak_for(spec.training.precision) * gpu.matmul_efficiency * gpu.sustained_clock_fraction,
-            "intra_node_bandwidth_GBps": gpu.intra_node_bandwidth_GBps,
-            "inter_node_bandwidth_GBps": gpu.inter_node_bandwidth_GBps}
+    gpu, cm = GPUS[spec.cluster.gpu], cost_model or {}
+    efficiency = cm.get("matmul_efficiency") or gpu.matmul_efficiency * gpu.sustained_clock_fraction
+    return {"gemm_flops": gpu.peak_for(spec.training.precision) * efficiency,
+            "intra_node_bandwidth_GBps": cm.get("intra_node_bandwidth_GBps") or gpu.intra_node_bandwidth_GBps,
+            "inter_node_bandwidth_GBps": cm.get("inter_node_bandwidth_GBps") or gpu.inter_node_bandwidth_GBps}
 
 
 def fact_problems(rank: dict, spec) -> list[str]:
@@ -69,7 +72,7 @@ def fact_problems(rank: dict, spec) -> list[str]:
 
 def build_report(result: dict | None, spec, *, backend: str, mode: str, threshold: float = DEFAULT_THRESHOLD,
                  hosts: list[str] | None = None, launch_problems: list[dict] | None = None,
-                 seconds: float = 0.0) -> dict:
+                 seconds: float = 0.0, cost_model: dict | None = None) -> dict:
     """The doctor report (doctor.json) from rank 0's gathered results (None: nothing was measured)."""
     ranks = sorted((result or {}).get("ranks") or [], key=lambda r: r["rank"])
     if hosts:   # pdsh: the node's name is the host pdsh reached, in node-rank order
@@ -80,7 +83,7 @@ def build_report(result: dict | None, spec, *, backend: str, mode: str, threshol
     for r in ranks:
         offenders += [{"host": r["host"], "rank": r["rank"], "what": "preflight", "message": m}
                       for m in fact_problems(r, spec)]
-    catalog = catalog_figures(spec)
+    catalog = catalog_figures(spec, cost_model)
     offenders += _gemm_outliers(ranks, threshold, catalog)
     nodes = node_rows(ranks, result)
     offenders += _node_outliers(nodes, threshold, catalog)

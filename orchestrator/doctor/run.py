@@ -66,7 +66,8 @@ def run_doctor(run_dir: str | Path, options: DoctorOptions = DoctorOptions(), *,
         problems = [{"host": "-", "rank": None, "what": "launch",
                      "message": f"the probe ended without results; last lines of {log}: {last[-400:]}"}]
     report = build_report(result, run.spec, backend=backend, mode=options.mode, threshold=options.threshold,
-                          hosts=hosts, launch_problems=problems, seconds=time.monotonic() - started)
+                          hosts=hosts, launch_problems=problems, seconds=time.monotonic() - started,
+                          cost_model=run.plan.get("cost_model"))
     write_json(run.path / DOCTOR_FILE, report)
     return report
 

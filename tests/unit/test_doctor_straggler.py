@@ -122,3 +122,18 @@ def test_measured_doctor_json_replaces_the_catalog_figures_and_plan_json_says_so
     path.write_text(json.dumps(doctor))
     bad = subprocess.run([*orch, "plan", str(example), "--measured", str(path)], capture_output=True, text=True)
     assert bad.returncode == 2 and "spec.gpu" in bad.stderr and "a100-80gb" in bad.stderr
+
+
+def test_gpu_ranks_below_the_catalog_or_the_plans_calibrated_rate_are_named():
+    spec = _spec(**{"cluster.gpu": "h100-sxm", "training.precision": "bf16"})
+    ranks = [_rank(r, r, 600e3) for r in range(3)]          # 600 TFLOP/s each: at the catalog's ~750
+    for r in ranks:
+        r.update(device="cuda", device_name="NVIDIA H100 80GB HBM3", device_count=1, local_world_size=1)
+    result = {"backend": "nccl", "ranks": ranks}
+    assert build_report(result, spec, backend="slurm", mode="full")["healthy"]
+    calibrated = build_report(result, spec, backend="slurm", mode="full", cost_model={"matmul_efficiency": 0.9})
+    assert [(o["rank"], o["what"]) for o in calibrated["offenders"]] == [(0, "gemm"), (1, "gemm"), (2, "gemm")]
+    ranks[1]["device_name"] = "NVIDIA A100-SXM4-80GB"
+    report = build_report(result, spec, backend="slurm", mode="full")
+    assert [(o["host"], o["message"]) for o in report["offenders"]] == \
+        [("n1", "GPU is 'NVIDIA A100-SXM4-80GB', the spec says 'h100-sxm'")]
