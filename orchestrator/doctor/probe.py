@@ -8,7 +8,9 @@ to wait for the rendezvous), and rank 0 writes every rank's results to ``RUN_DIR
 What each rank measures (the sizes are in :data:`SIZES`; ``quick`` is the preflight's short set):
 - facts: host, node rank, device kind, name and count, free memory, the plan's per-rank peak;
 - GEMM rate: square matmuls in the run's precision for a fixed time, in windows longer than a CPU-quota
-  period (so a throttled node cannot hide between periods); the median window rate;
+  period (so a throttled node cannot hide between periods); the best window's rate: what the rank can
+  sustain, which a node held back (a CPU quota, a clocked-down GPU) cannot reach in any window, while a
+  healthy rank slowed for a moment by a neighbour's burst still does;
 - collectives (nccl-tests conventions: busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather,
   reduce-scatter and all-to-all): over all ranks, inside each node, and across nodes (one rank per node),
   plus the latency of an 8-byte all-reduce;
@@ -30,7 +32,7 @@ from ..node import host_name, mem_available_bytes
 REQUEST_DIR = "doctor"
 # (cpu, gpu) per mode: GEMM side, GEMM seconds, windows, collective bytes, iterations, latency iterations.
 SIZES = {
-    "quick": {"cpu": dict(gemm_n=256, gemm_s=0.6, windows=3, nbytes=1 << 20, iters=3, lat_iters=5),
+    "quick": {"cpu": dict(gemm_n=256, gemm_s=0.6, windows=4, nbytes=1 << 20, iters=3, lat_iters=5),
               "gpu": dict(gemm_n=4096, gemm_s=0.5, windows=3, nbytes=32 << 20, iters=5, lat_iters=10)},
     "full": {"cpu": dict(gemm_n=384, gemm_s=1.5, windows=5, nbytes=4 << 20, iters=5, lat_iters=20),
              "gpu": dict(gemm_n=8192, gemm_s=2.0, windows=5, nbytes=256 << 20, iters=10, lat_iters=50)},
@@ -49,7 +51,7 @@ def result_path(run_dir: Path, token: str) -> Path:
 # --- measurements ---------------------------------------------------------------------------------------
 
 def measure_gemm(torch, device, dtype, n: int, seconds: float, windows: int, sync) -> dict:
-    """FLOP/s of n x n matmuls: the median over ``windows`` windows of seconds/windows each."""
+    """FLOP/s of n x n matmuls: the best of ``windows`` windows of seconds/windows each."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     torch.matmul(a, b)
@@ -66,7 +68,7 @@ def measure_gemm(torch, device, dtype, n: int, seconds: float, windows: int, syn
                 if elapsed >= seconds / windows:
                     break
         rates.append(2.0 * n ** 3 * count / elapsed)
-    return {"n": n, "dtype": str(dtype).replace("torch.", ""), "flops": statistics.median(rates),
+    return {"n": n, "dtype": str(dtype).replace("torch.", ""), "flops": max(rates),
             "window_flops": rates}
 
 
