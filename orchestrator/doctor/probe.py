@@ -180,7 +180,9 @@ def probe(run_dir: Path, request: dict) -> dict | None:
         device, sync = torch.device("cuda", local_rank), torch.cuda.synchronize
     else:
         device, sync = torch.device("cpu"), (lambda: None)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+        # One thread: the catalog's CPU "device" is one core per process, and several BLAS threads per rank on a
+        # shared or oversubscribed node stall on each other (one descheduled thread holds up the GEMM).
+        torch.set_num_threads(1)
     dist.init_process_group("nccl" if on_gpu else "gloo",
                             timeout=timedelta(seconds=float(request.get("rendezvous_timeout_s", 60))))
     rank, world = dist.get_rank(), dist.get_world_size()
