@@ -13,7 +13,7 @@ parallel when tp > 1; recompute none /
 selective / full (selective is the same as none with flash attention, so it is skipped there); ZeRO 0-3
 (0-1 with pp > 1, 0 when dp = 1); offload none / optimizer (ZeRO >= 1) / optimizer+params (ZeRO-3), only
 with pp = 1. A layout fits when its busiest GPU needs at most (1 - CostModel.hbm_headroom) of HBM and what
-it offloads fits its share of host memory (CostModel.host_memory_bytes_per_gpu).
+it offloads fits its share of host memory (cluster.host_memory_GiB / gpus_per_node).
 Ranking: predicted step time, ties broken by memory. Every enumerated layout also passes
 :func:`orchestrator.layout.check_layout`.
 

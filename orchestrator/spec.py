@@ -30,6 +30,10 @@ SBATCH_ARGS_PATTERN = rf"{_SBATCH_ARG}( {_SBATCH_ARG})*"  # --mem=0 --constraint
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
+Engine = Literal["megatron", "deepspeed"]
+# Defaults resolved into the spec (spec.resolved.yaml shows them).
+DEFAULT_HOST_MEMORY_GiB_PER_GPU = 64
+DEFAULT_HOST_MEMORY_GiB_PER_CPU_PROCESS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +93,9 @@ class ClusterSpec:
         None, doc="measured all-reduce bus bandwidth inside a node (overrides the catalog)", exclusive_minimum=0)
     inter_node_bandwidth_GBps: Optional[float] = spec_field(
         None, doc="measured bandwidth per GPU across nodes (overrides the catalog)", exclusive_minimum=0)
+    host_memory_GiB: Optional[float] = spec_field(
+        None, doc="host memory per node that offload may use (GiB); default: 64 GiB per GPU (half of a DGX "
+        "A100's 1 TiB over 8 GPUs), and on gpu cpu 8 GiB per process", exclusive_minimum=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +131,9 @@ class TrainingSpec:
     """Batch, precision, optimizer and schedule."""
 
     global_batch_size: int = spec_field(doc="sequences per optimizer step", minimum=1)
+    engine: Optional[Engine] = spec_field(
+        None, doc="megatron | deepspeed: the runtime that trains this spec (rules, files, launch scripts and "
+        "predictions follow it); default megatron on GPUs, deepspeed on gpu cpu (Megatron-Core cannot train on CPU)")
     precision: Precision = spec_field(
         "bf16", doc="bf16 | fp16 | fp32 | fp8 (fp8: Megatron engine, Transformer Engine, Hopper or newer; "
         "FP8 GEMMs with bf16 master weights)")
@@ -341,7 +351,21 @@ def _apply_defaults(spec: Spec, problems: list[Problem]) -> Spec | None:
                                 ffn_hidden_size=ffn, moe=moe)
     wandb = spec.tracking.wandb
     tracking = dataclasses.replace(spec.tracking, wandb=dataclasses.replace(wandb, group=wandb.group or spec.name))
-    return dataclasses.replace(spec, model=model, tracking=tracking)
+    training = dataclasses.replace(spec.training, engine=spec.training.engine or default_engine(spec.cluster.gpu))
+    cluster = dataclasses.replace(spec.cluster, host_memory_GiB=spec.cluster.host_memory_GiB
+                                  or default_host_memory_GiB(spec.cluster.gpu, spec.cluster.gpus_per_node))
+    return dataclasses.replace(spec, model=model, tracking=tracking, training=training, cluster=cluster)
+
+
+def default_engine(gpu: str) -> str:
+    """megatron on GPUs; deepspeed on the CPU target (Megatron-Core cannot train on CPU)."""
+    return "deepspeed" if gpu == "cpu" else "megatron"
+
+
+def default_host_memory_GiB(gpu: str, gpus_per_node: int) -> float:
+    """Host memory per node offload may use when the spec does not say (documented in the field)."""
+    per_process = DEFAULT_HOST_MEMORY_GiB_PER_CPU_PROCESS if gpu == "cpu" else DEFAULT_HOST_MEMORY_GiB_PER_GPU
+    return float(per_process * gpus_per_node)
 
 
 def spec_to_data(spec: Spec) -> dict:
