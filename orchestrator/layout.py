@@ -139,10 +139,11 @@ def _known(*values) -> bool:
 
 def rule_hidden_heads(spec: Spec, lay: Layout) -> Problem | None:
     m = spec.model
-    if m.hidden_size % m.num_attention_heads:
+    if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
         return Problem("model.hidden_size", f"hidden_size({m.hidden_size}) % num_attention_heads"
                        f"({m.num_attention_heads}) = {m.hidden_size % m.num_attention_heads}, must be 0",
-                       "pick a hidden size that is a multiple of the head count")
+                       "pick a hidden size that is a multiple of the head count, or set model.kv_channels "
+                       "(the per-head dimension)")
     return None
 
 
@@ -325,36 +326,20 @@ def rule_pdsh_hosts(spec: Spec, lay: Layout) -> Problem | None:
     return None
 
 
-# --- MoE and context parallelism -----------------------------------------------------------------
-
-def rule_expert_needs_moe(spec: Spec, lay: Layout) -> Problem | None:
-    if spec.model.moe is not None:
-        return None
-    for name in ("ep", "etp"):
-        value = getattr(lay, name)
-        if _known(value) and value > 1:
-            return Problem(FIELD_PATHS[name], f"{name}({value}) > 1 but the model is dense (no model.moe)",
-                           f"remove {FIELD_PATHS[name]}, or describe the experts under model.moe")
-    return None
-
-
-def rule_ep_divides_experts(spec: Spec, lay: Layout) -> Problem | None:
-    moe = spec.model.moe
-    if moe is not None and _known(lay.ep) and moe.num_experts % lay.ep:
-        return Problem(FIELD_PATHS["ep"], f"num_experts({moe.num_experts}) % ep({lay.ep}) = "
-                       f"{moe.num_experts % lay.ep}, must be 0 (each rank holds num_experts/ep experts)",
-                       "use an expert-parallel degree that divides model.moe.num_experts")
-    return None
-
-
 MODEL_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_hidden_heads, rule_groups_heads]
 LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
     rule_world_size, rule_heads_tp, rule_groups_tp, rule_layers_pp, rule_stage_layers, rule_pipeline_depth,
     rule_vpp_needs_pp,
     rule_batch, rule_vpp_microbatches, rule_sequence_parallel, rule_pipeline_zero, rule_offload,
-    rule_expert_needs_moe, rule_ep_divides_experts,
 ]
 SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_cpu_precision, rule_data, rule_pdsh_hosts]
+
+# MoE, context-parallel and FP8 rules live in their own module; they take Layout, defined above.
+from . import parallel_rules as _parallel  # noqa: E402
+
+MODEL_RULES += _parallel.MODEL_RULES
+SPEC_RULES += _parallel.SPEC_RULES
+LAYOUT_RULES += _parallel.LAYOUT_RULES
 
 
 def check_layout(spec: Spec, layout: Layout) -> list[Problem]:

@@ -9,6 +9,8 @@ from orchestrator.spec import parse_spec, spec_sha256, spec_to_data
 from tests.conftest import spec_data
 
 MOE = {"model.preset": "tiny-moe"}
+GPU = {"cluster.gpu": "h100-sxm", "cluster.gpus_per_node": 8, "training.global_batch_size": 16,
+       "training.precision": "bf16"}
 
 
 def test_mixtral_preset_resolves_moe_defaults():
@@ -55,6 +57,32 @@ def test_context_open_unless_tensor_and_pipeline_fixed():
     ({**MOE, "parallelism.expert": 3, "cluster.gpus_per_node": 3, "training.global_batch_size": 6},
      "parallelism.expert", "num_experts(4) % ep(3)"),
     ({"parallelism.context": 2, "parallelism.data": 2}, "parallelism.data", "cp(2)"),
+    ({**MOE, "model.moe": {"router_topk": 5}}, "model.moe.router_topk", "router_topk(5) > num_experts(4)"),
+    ({**MOE, "model.moe": {"first_dense_layers": 4}}, "model.moe.first_dense_layers", "no layer would be MoE"),
+    # DeepSpeed engine (the CPU default): DeepSpeed-MoE's top-2 gate, ep | dp, Ulysses heads and sequence
+    ({**MOE, "model.moe": {"router_topk": 3}}, "model.moe.router_topk", "top-1 and top-2"),
+    ({**MOE, "parallelism.tensor": 2, "parallelism.expert": 4, "cluster.gpus_per_node": 4}, "parallelism.expert",
+     "dp(2) % ep(4)"),
+    ({"parallelism.context": 2, "parallelism.data": 1, "model.num_attention_heads": 2, "model.hidden_size": 128,
+      "model.num_query_groups": 1}, "parallelism.context", "num_query_groups(1)"),
+    ({"parallelism.context": 2, "parallelism.data": 1, "model.seq_length": 127}, "parallelism.context",
+     "seq_length(127) % 2"),
+    # Megatron engine on GPUs: folding, SP with MoE and tp, 2*cp chunks, fused attention, topology, FP8
+    ({**GPU, "model.preset": "mixtral-8x7b", "parallelism.tensor": 2, "parallelism.expert": 8,
+      "parallelism.expert_tensor": 2, "parallelism.sequence_parallel": True}, "parallelism.expert",
+     "etp(2) * ep(8) = 16 does not divide"),
+    ({**GPU, "model.preset": "mixtral-8x7b", "parallelism.tensor": 2, "parallelism.expert": 4},
+     "parallelism.sequence_parallel", "MoE with tp(2)"),
+    ({**GPU, "parallelism.context": 4, "parallelism.tensor": 2, "model.seq_length": 12}, "parallelism.context",
+     "seq_length(12) % 8"),
+    ({**GPU, "parallelism.context": 2, "model.flash_attention": False}, "parallelism.context", "fused attention"),
+    ({**GPU, "model.preset": "qwen3-30b-a3b", "cluster.num_nodes": 2, "parallelism.expert": 4,
+      "parallelism.expert_tensor": 1, "parallelism.tensor": 1, "parallelism.pipeline": 1, "cluster.gpus_per_node": 6,
+      "training.global_batch_size": 24}, "parallelism.expert", "straddle"),
+    ({"training.precision": "fp8", "cluster.gpu": "cpu"}, "training.precision", "Transformer Engine"),
+    ({**GPU, "training.precision": "fp8", "cluster.gpu": "a100-80gb"}, "training.precision", "Hopper"),
+    ({**GPU, "training.precision": "fp8", "model.hidden_size": 120, "model.num_attention_heads": 4},
+     "training.precision", "multiple of 16"),
 ])
 def test_moe_and_context_rules(overrides, path, words):
     with pytest.raises(SpecError) as info:
@@ -63,5 +91,5 @@ def test_moe_and_context_rules(overrides, path, words):
 
 
 def test_fp8_is_a_precision():
-    spec = parse_spec(spec_data(**{"training.precision": "fp8", "cluster.gpu": "h100-sxm"}))
+    spec = parse_spec(spec_data(**{**GPU, "training.precision": "fp8"}))
     assert spec.training.precision == "fp8"
