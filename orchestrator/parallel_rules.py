@@ -86,6 +86,18 @@ def rule_expert_folding(spec: Spec, lay: Layout) -> Problem | None:
     return None
 
 
+def rule_moe_bias_etp(spec: Spec, lay: Layout) -> Problem | None:
+    """Megatron-Core: biases in MoE layers only with etp = 1 (TransformerConfig asserts it)."""
+    m = spec.model
+    if m.moe is None or not m.add_bias_linear or engine_of(spec) != "megatron" or not _known(lay.etp):
+        return None
+    if lay.etp > 1:
+        return Problem(FIELD_PATHS["etp"], f"MoE with linear biases (model.add_bias_linear) needs etp(1), got "
+                       f"etp({lay.etp}) (Megatron-Core: 'Bias in Moe is only supported when ETP==1')",
+                       "set expert_tensor: 1, or model.add_bias_linear: false")
+    return None
+
+
 def rule_moe_sequence_parallel(spec: Spec, lay: Layout) -> Problem | None:
     if spec.model.moe is None or engine_of(spec) != "megatron" or not _known(lay.tp, lay.sequence_parallel):
         return None
@@ -202,6 +214,7 @@ def rule_fp8_dims(spec: Spec, lay: Layout) -> Problem | None:
 MODEL_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_topk, rule_first_dense_layers]
 SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_fp8_engine_gpu]
 LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
-    rule_expert_needs_moe, rule_ep_divides_experts, rule_expert_folding, rule_moe_sequence_parallel, rule_expert_group_topology, rule_deepspeed_moe,
+    rule_expert_needs_moe, rule_ep_divides_experts, rule_expert_folding, rule_moe_bias_etp, rule_moe_sequence_parallel,
+    rule_expert_group_topology, rule_deepspeed_moe,
     rule_context_sequence, rule_context_fused_attention, rule_ulysses_heads, rule_fp8_dims,
 ]
