@@ -9,6 +9,7 @@ from .catalog.gpus import GPUS
 from .catalog.models import MODELS, preset_fields
 from .errors import SpecError
 from .resources import data_dir
+from .spec import default_engine, default_host_memory_GiB
 
 
 def list_presets() -> str:
@@ -35,7 +36,8 @@ def render_starter_spec(*, preset: str, gpu: str | None, num_nodes: int, gpus_pe
         schema_path=str(data_dir("schemas") / "spec.schema.json"), file_name=file_name,
         name=name or f"{preset}-pretrain", preset=preset, preset_source=MODELS[preset]["_source"],
         model_lines=[f"{k}: {_yaml_scalar(v)}" for k, v in fields.items()],
-        gpu=gpu, gpu_choices=", ".join(GPUS), num_nodes=num_nodes, gpus_per_node=gpus_per_node,
+        gpu=gpu, gpu_choices=", ".join(GPUS), engine=default_engine(gpu),
+        host_memory_GiB=f"{default_host_memory_GiB(gpu, gpus_per_node):g}", num_nodes=num_nodes, gpus_per_node=gpus_per_node,
         global_batch_size=8 if tiny else 256, precision="fp32" if gpu == "cpu" else "bf16",
         train_iters=20 if tiny else 1000, warmup_iters=2 if tiny else 100,
         checkpoint_interval=10 if tiny else 100)

@@ -92,9 +92,7 @@ class CostModel:
     fragmentation: float = 0.10
     # Planner policy: a layout fits when total_bytes <= (1 - hbm_headroom) * HBM.
     hbm_headroom: float = 0.05
-    # Host memory one GPU process may fill with offloaded states: a DGX A100 has 1 TiB for 8 GPUs (DGX H100
-    # 2 TiB); half of it is left to the OS, page cache, pinned staging buffers and data loading.
-    host_memory_bytes_per_gpu: int = 64 * GiB
+    # Host memory for offload is the spec's cluster.host_memory_GiB (per node), not a cost-model term.
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import Problem, SpecError
 from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
-from ..spec import Spec
+from ..spec import Spec, default_engine, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
 from .comm import (CommEstimate, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
@@ -42,12 +42,18 @@ class EstimateContext:
     cost: CostModel
     global_batch: int
     precision: str
+    engine: str                   # training.engine: megatron | deepspeed
+    host_capacity_bytes: float    # host memory one process may fill with offloaded states
 
     @classmethod
     def of(cls, spec: Spec, cost: CostModel | None = None) -> "EstimateContext":
         cost = cost or CostModel()
+        c = spec.cluster
+        host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
         return cls(shape=model_shape(spec), hw=hardware_for(spec, cost), cost=cost,
-                   global_batch=spec.training.global_batch_size, precision=spec.training.precision)
+                   global_batch=spec.training.global_batch_size, precision=spec.training.precision,
+                   engine=spec.training.engine or default_engine(c.gpu),
+                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class LayoutEstimate:
     """Predicted memory, time and communication of one complete layout."""
 
     layout: Layout
+    engine: str
     num_microbatches: int
     memory: MemoryEstimate
     flops: FlopsEstimate
@@ -93,7 +100,8 @@ class LayoutEstimate:
         lay = self.layout
         split = {k: getattr(lay, k) for k in ("first_stage_layers", "last_stage_layers") if getattr(lay, k) is not None}
         return split | {
-            "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "zero_stage": lay.zero_stage,
+            "engine": self.engine, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "cp": lay.cp,
+            "ep": lay.ep, "etp": lay.etp, "zero_stage": lay.zero_stage,
             "micro_batch_size": lay.micro_batch_size, "grad_accum_steps": self.grad_accum_steps,
             "num_microbatches": self.num_microbatches, "sequence_parallel": lay.sequence_parallel,
             "recompute": lay.recompute, "offload": lay.offload, "tag": lay.tag(),
@@ -147,7 +155,7 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
                                   largest_layer_params=params.largest_layer_per_gpu, activations_bytes=act,
                                   dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes)
         stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, headroom=cost.hbm_headroom,
-                                   stage=name, host_capacity_bytes=cost.host_memory_bytes_per_gpu))
+                                   stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
     return busiest_stage(*stages)
 
 
@@ -169,7 +177,7 @@ def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
     world = hw.world_size
     tflops = flops.model_flops / (step * world) / 1e12
     return LayoutEstimate(
-        layout=lay, num_microbatches=m, memory=memory, flops=flops, step_time_s=step,
+        layout=lay, engine=ctx.engine, num_microbatches=m, memory=memory, flops=flops, step_time_s=step,
         tokens_per_s=ctx.global_batch * shape.seq_length / step, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / hw.peak_flops, hfu=flops.hardware_flops / (step * world) / hw.peak_flops,
         bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown)

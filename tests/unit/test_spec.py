@@ -114,3 +114,22 @@ def test_uneven_split_fields_are_dumped_only_when_set():
     assert parse_spec(spec_to_data(uneven)) == uneven
     explicit_null = parse_spec(spec_data(**{"parallelism.first_stage_layers": None}))
     assert spec_sha256(explicit_null) == spec_sha256(spec)
+
+
+def test_engine_and_host_memory_defaults_follow_the_gpu():
+    cpu = parse_spec(TINY_SPEC)
+    assert (cpu.training.engine, cpu.cluster.host_memory_GiB) == ("deepspeed", 8.0 * cpu.cluster.gpus_per_node)
+    gpu = parse_spec(spec_data(**{"cluster.gpu": "a100-80gb", "cluster.gpus_per_node": 8, "parallelism": {}}))
+    assert (gpu.training.engine, gpu.cluster.host_memory_GiB) == ("megatron", 512.0)
+    given = parse_spec(spec_data(**{"cluster.gpu": "a100-80gb", "training.engine": "deepspeed",
+                                    "cluster.host_memory_GiB": 1024}))
+    assert (given.training.engine, given.cluster.host_memory_GiB) == ("deepspeed", 1024)
+    assert [p.path for p in problems_of(spec_data(**{"training.engine": "nemo"}))] == ["training.engine"]
+
+
+def test_layout_records_engine_and_host_share():
+    from orchestrator.plan import build_plan
+    spec = parse_spec(spec_data(**{"cluster.host_memory_GiB": 6}))
+    chosen = build_plan(spec).chosen
+    assert chosen["engine"] == "deepspeed"
+    assert chosen["memory"]["host_capacity_bytes"] == 3 * 2**30   # 6 GiB per node over 2 processes
