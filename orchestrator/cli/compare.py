@@ -22,7 +22,8 @@ def command(sources, as_json: bool, plot_path: str | None, warmup: int | None) -
 
     Prints the layout and spec fields that differ; per run the steps, median and p90 step time,
     tokens/s, TFLOP/s per GPU, MFU, bubble, all-reduce overhead, exposed communication and peak memory
-    (warm-up steps left out); predicted (plan.json) against measured with the error in %; and the winner
+    (warm-up steps left out), and for MoE / context-parallel runs the all-to-all time, expert load
+    imbalance, dropped tokens and aux loss; predicted (plan.json) against measured with the error in %; and the winner
     with the main reason it won. Exit 0, or 2 when a RUN cannot be used (every bad one is listed).
     """
     from ..compare import compare
@@ -104,6 +105,11 @@ PREDICTION_ROWS = (("step_time_s", "step time s", "{:.4g}"), ("tokens_per_s", "t
                    ("bubble_fraction", "bubble fraction", "{:.1%}"), ("allreduce_time_s", "all-reduce s", "{:.4g}"),
                    ("allreduce_overhead", "all-reduce overhead", "{:.1%}"),
                    ("comm_exposed_s", "exposed comm s", "{:.4g}"), ("mem_peak_bytes", "peak memory GiB", "gib"))
+# MoE and context parallelism (issue 10): shown for runs that measured them.
+OPTIONAL_PREDICTION_ROWS = (("alltoall_time_s", "all-to-all s", "{:.4g}"),
+                            ("expert_load_imbalance", "expert load imbalance", "{:.3f}"),
+                            ("tokens_dropped_fraction", "tokens dropped", "{:.1%}"),
+                            ("moe_aux_loss", "MoE aux loss", "{:.4g}"))
 BREAKDOWN_ROWS = (("compute_s", "breakdown: compute s"), ("bubble_s", "breakdown: bubble s"),
                   ("exposed_comm_s", "breakdown: exposed comm s"), ("other_s", "breakdown: other s"))
 
@@ -117,7 +123,9 @@ def prediction_table(run):
     for name in ("metric", "predicted", "measured", "error"):
         table.add_column(name, justify="left" if name == "metric" else "right", no_wrap=True)
     errors = run.errors
-    for key, name, fmt in PREDICTION_ROWS:
+    rows = PREDICTION_ROWS + tuple(r for r in OPTIONAL_PREDICTION_ROWS if run.measured.get(r[0]) is not None
+                                   and (r[0] != "alltoall_time_s" or run.measured[r[0]] > 0))
+    for key, name, fmt in rows:
         table.add_row(name, _fmt(run.predicted.get(key), fmt), _fmt(run.measured.get(key), fmt), _pct(errors[key]))
     for key, name in BREAKDOWN_ROWS:
         pred, meas = run.breakdown_predicted.get(key), run.breakdown_measured.get(key)

@@ -2,8 +2,8 @@
 `orch launch --wait` on 2 CPU processes (gloo all-to-all), then resumed from a mid-run checkpoint.
 
 MoE: every step's record carries alltoall_time_s > 0, expert_load_imbalance >= 1, a dropped fraction (the
-test spec caps expert capacity at 1.0) and the aux loss, in metrics.jsonl and in the offline W&B run; the
-checkpoint holds one file per expert (DeepSpeed-MoE's layout). Both: resuming from the step-2 checkpoint
+test spec caps expert capacity at 1.0) and the aux loss, in metrics.jsonl, in the offline W&B run and in
+`orch compare`; the checkpoint holds one file per expert (DeepSpeed-MoE's layout). Both: resuming from the step-2 checkpoint
 reproduces the uninterrupted run's losses, so expert and dense state come back exactly.
 """
 from __future__ import annotations
@@ -87,6 +87,10 @@ def _check_moe(run_dir: Path, records: list[dict], info: dict) -> None:
     history, _ = read_wandb_history(run_dir)
     logged = [row for row in history if "alltoall_time_s" in str(row)]
     assert len(logged) == STEPS and all("expert_load_imbalance" in str(row) for row in logged)
+    shown = subprocess.run([ORCH, "compare", str(run_dir)], capture_output=True, text=True, env=job_env(), timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert all(name in shown.stdout for name in ("all-to-all s", "expert load imbalance", "tokens dropped",
+                                                 "MoE aux loss"))
 
 
 def _spec(run_dir: Path):
