@@ -6,14 +6,14 @@ parallelism stays inside a node); pp = divisors of world / tp up to num_layers: 
 num_layers split evenly, the others take the balanced uneven split (:func:`orchestrator.stages.balanced_split`:
 first and last stage lighter, middle stages equal; Llama 3 405B and BLOOM-176B ran such splits) and are
 skipped when it does not exist; first_stage_layers / last_stage_layers given in the spec are kept for
-every pp. dp = world / (tp*pp); micro-batch = divisors of global_batch / dp; vpp = 1, or (pp > 2 and
-the micro-batch count a multiple of pp) the divisors of the per-stage layer count, with an uneven split
+every pp. dp = world / (tp*pp); micro-batch = divisors of global_batch / dp; vpp = 1, or (engine megatron,
+pp >= 2 and the micro-batch count a multiple of pp) the divisors of the per-stage layer count, with an uneven split
 those v for which every stage's count divides by v (the balanced split is recomputed per v); sequence
 parallel when tp > 1; recompute none /
 selective / full (selective is the same as none with flash attention, so it is skipped there); ZeRO 0-3
 (0-1 with pp > 1, 0 when dp = 1); offload none / optimizer (ZeRO >= 1) / optimizer+params (ZeRO-3), only
-with pp = 1. A layout fits when its busiest GPU needs at most (1 - CostModel.hbm_headroom) of HBM and what
-it offloads fits its share of host memory (cluster.host_memory_GiB / gpus_per_node).
+with pp = 1 and never on gpu cpu (the host is the device: offload cannot pay off). A layout fits when its
+busiest GPU needs at most (1 - CostModel.hbm_headroom) of HBM and what it offloads fits its share of host memory (cluster.host_memory_GiB / gpus_per_node).
 Ranking: predicted step time, ties broken by memory. Every enumerated layout also passes
 :func:`orchestrator.layout.check_layout`.
 
@@ -31,7 +31,8 @@ from .errors import Problem, SpecError
 from .estimate.comm import group_placement
 from .estimate.cost import CostModel
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
-from .layout import FIELD_PATHS, Layout, check_layout, layout_from_spec
+from .estimate.uncertainty import plus_minus
+from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
 from .spec import ParallelismSpec, Spec
 from .stages import balanced_split, split_issues, stage_split
 
@@ -165,7 +166,7 @@ def expert_options(spec: Spec, fixed: Layout, tp: int, ranks_per_stage: int, dp:
 def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator[Layout]:
     tp, pp, dp = d["tp"], d["pp"], d["dp"]
     n = spec.model.num_layers
-    for vpp in _opt(fixed.vpp, _vpp_options(n, pp, num_mb, fixed)):
+    for vpp in _opt(fixed.vpp, _vpp_options(n, pp, num_mb, fixed) if engine_of(spec) == "megatron" else [1]):
         split = _split_for(n, pp, vpp, fixed)
         if split is None:
             continue
@@ -174,7 +175,7 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
             recomputes = [r for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
             for rec in _opt(fixed.recompute, recomputes):
                 for zero in _opt(fixed.zero_stage, _zero_options(pp, dp)):
-                    for off in _opt(fixed.offload, _offload_options(pp, zero)):
+                    for off in _opt(fixed.offload, _offload_options(pp, zero, spec.cluster.gpu)):
                         yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
                                      sequence_parallel=sp, recompute=rec, offload=off,
                                      first_stage_layers=split[0], last_stage_layers=split[1],
@@ -210,7 +211,7 @@ def _split_for(num_layers: int, pp: int, vpp: int, fixed: Layout) -> tuple | Non
 
 
 def _vpp_options(num_layers: int, pp: int, num_mb: int, fixed: Layout | None = None) -> list[int]:
-    if pp <= 2 or num_mb % pp:
+    if pp < 2 or num_mb % pp:
         return [1]
     if fixed is not None and fixed.is_uneven:
         first, last = fixed.first_stage_layers, fixed.last_stage_layers
@@ -229,8 +230,10 @@ def _zero_options(pp: int, dp: int) -> list[int]:
     return [0, 1] if pp > 1 else [0, 1, 2, 3]
 
 
-def _offload_options(pp: int, zero: int) -> list[str]:
-    if pp > 1 or zero == 0:
+def _offload_options(pp: int, zero: int, gpu: str) -> list[str]:
+    """Offload moves states from the device to host memory: never on the CPU target (the host is the
+    device, offload cannot pay off), never with the pipeline engine or without ZeRO."""
+    if pp > 1 or zero == 0 or gpu == "cpu":
         return ["none"]
     return ["none", "optimizer", "optimizer+params"] if zero == 3 else ["none", "optimizer"]
 
@@ -269,8 +272,10 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
             fitting: int) -> list[str]:
     """A few lines for people: why the winner won and what limits it (memory, bubble, network)."""
     top = ranked[0]
-    lines = [f"chose {describe(top)}: {top.step_time_s:.3g} s/step, {top.tflops_per_gpu:.3g} TFLOP/s per GPU, "
-             f"MFU {top.mfu:.1%}; {fitting} of {considered} layouts fit."]
+    pm = plus_minus(top.uncertainty)
+    lines = [f"chose {describe(top)}: {top.step_time_s:.3g} s/step, {top.tokens_per_s:,.0f} tokens/s {pm}, "
+             f"{top.tflops_per_gpu:.3g} TFLOP/s {pm} per GPU, MFU {top.mfu:.1%}; {fitting} of {considered} layouts fit.",
+             f"uncertainty {pm} ({top.uncertainty['regime']}): {top.uncertainty['basis']}."]
     if len(ranked) > 1:
         gap = ranked[1].step_time_s / top.step_time_s - 1
         diff = ", ".join(f"{f.name} {getattr(ranked[1].layout, f.name)}" for f in dataclasses.fields(Layout)

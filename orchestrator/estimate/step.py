@@ -22,15 +22,17 @@ from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
 from ..spec import Spec, default_engine, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
-from .comm import (CommEstimate, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
+from .comm import (CommEstimate, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
                    ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, estimate_layer_time, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
+from .engines import grad_reduce_bytes
 from .flops import FlopsEstimate, estimate_flops
 from .hardware import Hardware, hardware_for
 from .memory import MemoryEstimate, busiest_stage, estimate_model_states, estimate_overheads, stage_memory
 from .params import ModelShape, ParamsEstimate, estimate_params, model_shape
 from .pipeline import bubble_fraction, pipeline_time_s
+from .uncertainty import layout_uncertainty, regime_of
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class LayoutEstimate:
     bubble_fraction: float
     comm: CommEstimate
     breakdown: StepBreakdown
+    uncertainty: dict          # expected relative error of tokens_per_s, its regime and basis (uncertainty.py)
 
     @property
     def grad_accum_steps(self) -> int:
@@ -110,6 +113,7 @@ class LayoutEstimate:
             "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
             "hfu": self.hfu, "bubble_fraction": self.bubble_fraction, "comm": self.comm.to_dict(),
             "breakdown": {k: float(v) for k, v in vars(self.breakdown).items()},
+            "uncertainty": dict(self.uncertainty),
         }
 
 
@@ -180,7 +184,9 @@ def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
         layout=lay, engine=ctx.engine, num_microbatches=m, memory=memory, flops=flops, step_time_s=step,
         tokens_per_s=ctx.global_batch * shape.seq_length / step, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / hw.peak_flops, hfu=flops.hardware_flops / (step * world) / hw.peak_flops,
-        bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown)
+        bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown,
+        uncertainty=layout_uncertainty(regime_of(ctx.engine, hw.name, lay.pp, lay.zero_stage),
+                                       calibrated=cost != CostModel()))
 
 
 @dataclass(frozen=True)
@@ -240,7 +246,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
         inter = tp * dp * pp > gpn
         one_bytes, one_s = pipeline_transfer(tokens=tokens, hidden=shape.hidden_size, tp_pl=tp_pl,
                                              sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
-        x = 2 * vpp * one_s
+        x = p2p_transfers_per_microbatch(ctx.engine, vpp) * one_s
         x_exposed = (1 - cost.pp_overlap) * x
         pp_bytes, pp_s = 2 * vpp * m * one_bytes, m * x
         if shape.tie_embeddings:
@@ -251,10 +257,12 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
                            p2p_s=x_exposed)
     reduce_layers = _layers_holding_most_params(split, params)
-    dp_comm = data_parallel_comm(
-        param_bytes=params.per_gpu * hw.dtype_bytes, pl=group_placement(dp, tp, gpn), zero_stage=lay.zero_stage,
+    dp_work = DataParallelWork(
+        engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=params.per_gpu, param_bytes=hw.dtype_bytes,
+        grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
         num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
-        backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s), overlap=cost.dp_overlap, hw=hw)
+        backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
+    dp_comm = data_parallel_comm(dp_work, group_placement(dp, tp, gpn), cost.dp_overlap, hw)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync
     tp_total = m * stage_layers * tp_s
@@ -268,6 +276,16 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+
+
+def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
+    """Exposed pipeline transfers per micro-batch on a stage's critical path. Megatron's 1F1B sends the
+    activation forward and receives the gradient in one batched exchange (p2p_communication.py:
+    send_forward_recv_backward / send_backward_recv_forward), one each way per chunk: 2v. DeepSpeed's
+    pipeline engine runs SendActivation, RecvActivation, SendGrad and RecvGrad as separate blocking
+    instructions (deepspeed/runtime/pipe/schedule.py TrainSchedule, engine.py _exec_send_activations ...):
+    4, none overlapped."""
+    return 4 if engine == "deepspeed" else 2 * vpp
 
 
 def _layers_holding_most_params(split: StageSplit, params: ParamsEstimate) -> int:

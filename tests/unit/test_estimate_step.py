@@ -17,7 +17,7 @@ LAYOUT = Layout(tp=4, pp=4, vpp=3, dp=4, zero_stage=1, micro_batch_size=2, seque
                 recompute="selective", offload="none")
 LAYOUT_KEYS = {"tp", "pp", "vpp", "dp", "zero_stage", "micro_batch_size", "grad_accum_steps", "num_microbatches",
                "sequence_parallel", "recompute", "offload", "memory", "flops_per_step", "step_time_s", "tokens_per_s",
-               "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "comm"}
+               "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "comm", "engine", "uncertainty"}
 MEMORY_KEYS = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "total_bytes",
                "hbm_bytes", "fits"}
 COMM_KEYS = {"dp_bytes", "tp_bytes", "pp_bytes", "dp_s", "tp_s", "pp_s", "exposed_s"}
