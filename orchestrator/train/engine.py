@@ -93,7 +93,9 @@ class ZeroEngine(_DeepSpeedBase):
         torch.manual_seed(spec.training.seed)
         model = GPT(spec.model, recompute=_recompute(spec), cp=self.cp, ep_size=ep_size, seed=spec.training.seed)
         self.model, self.moe_shape = model, _moe_shape(model)
-        self.param_count = count_parameters(model)
+        # The whole model's count: this rank holds 1/ep of the routed experts (DeepSpeed's allreduce=False mark)
+        local_experts = sum(p.numel() for p in model.parameters() if getattr(p, "allreduce", True) is False)
+        self.param_count = count_parameters(model) + (ep_size - 1) * local_experts
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         self.dp_rank, self.dp_ranks, self.stage_id = self.rank // cp_size, list(range(self.world)), 0
         self.device = self.engine.device
