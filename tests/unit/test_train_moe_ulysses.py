@@ -1,7 +1,7 @@
 """Expert parallelism (ep = 2) and Ulysses context parallelism (cp = 2) on 2 real gloo processes.
 
-Each is checked against the same model in one process: the loss and every gradient match, so dispatch,
-combine and the sequence/head exchanges are right forward AND backward. Then one step of DeepSpeed's
+Each (MoE also under full recomputation) is checked against the same model in one process: the loss and
+every gradient match, so dispatch, combine and the sequence/head exchanges are right forward AND backward. Then one step of DeepSpeed's
 engine on the ep = 2 model (plain SGD, so the update is -lr * gradient) must update the dense parameters
 as the reference does AND each rank's experts as the reference's experts with the same global ids: the
 expert gradients were not all-reduced across the two ranks (edp = 1) and were scaled as the dense ones.
@@ -71,12 +71,12 @@ def reference_grads(m, chunks_of):
     return ref, loss.item()
 
 
-def check_expert_parallel(rank: int, group, capacity_factor) -> None:
+def check_expert_parallel(rank: int, group, capacity_factor, recompute: str = "none") -> None:
     import torch.distributed as dist
 
     m = model_spec(capacity_factor=capacity_factor)
     ref, ref_loss = reference_grads(m, batch)
-    model = build(m, ep_size=WORLD)
+    model = build(m, ep_size=WORLD, recompute=recompute)
     for layer in model.moe_layers:
         layer.deepspeed_moe._set_ep_group(group)
         layer.set_ep_rank(rank)
@@ -85,7 +85,9 @@ def check_expert_parallel(rank: int, group, capacity_factor) -> None:
             twin = b.deepspeed_moe.experts.deepspeed_experts[rank * 2 + j]
             assert torch.equal(expert.fc1.weight, twin.fc1.weight)
     loss = model(*batch(rank))
-    loss.backward()
+    model.moe_stats.recording = False              # as the engine does: a recomputed forward is not counted
+    loss.backward()                                # (recompute "full": dispatch and combine run again here)
+    model.moe_stats.recording = True
     total = loss.detach().clone()
     dist.all_reduce(total)
     assert total.item() / WORLD == pytest.approx(ref_loss, rel=1e-5)
@@ -183,7 +185,7 @@ def _worker(rank: int, port: int, queue) -> None:
         dist.init_process_group("gloo", rank=rank, world_size=WORLD)
         group = dist.new_group(list(range(WORLD)))
         check_expert_parallel(rank, group, capacity_factor=None)
-        check_expert_parallel(rank, group, capacity_factor=1.0)
+        check_expert_parallel(rank, group, capacity_factor=1.0, recompute="full")
         check_ulysses(rank, group)                                          # rope, MHA
         check_ulysses(rank, group, num_query_groups=1, position_embedding="learned")   # GQA repeat, offsets
         check_deepspeed_step(rank, zero_stage=0)
