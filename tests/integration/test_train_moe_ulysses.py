@@ -3,8 +3,8 @@
 
 MoE: every step's record carries alltoall_time_s > 0, expert_load_imbalance >= 1, a dropped fraction (the
 test spec caps expert capacity at 1.0) and the aux loss, in metrics.jsonl, in the offline W&B run and in
-`orch compare`; the checkpoint holds one file per expert (DeepSpeed-MoE's layout). Both: resuming from the step-2 checkpoint
-reproduces the uninterrupted run's losses, so expert and dense state come back exactly.
+`orch compare`; the checkpoint holds one file per expert (DeepSpeed-MoE's layout). Both: resuming from the
+step-2 checkpoint reproduces the uninterrupted run's losses, so expert and dense state come back exactly.
 """
 from __future__ import annotations
 

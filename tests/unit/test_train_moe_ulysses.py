@@ -1,10 +1,11 @@
 """Expert parallelism (ep = 2) and Ulysses context parallelism (cp = 2) on 2 real gloo processes.
 
 Each (MoE also under full recomputation) is checked against the same model in one process: the loss and
-every gradient match, so dispatch, combine and the sequence/head exchanges are right forward AND backward. Then one step of DeepSpeed's
-engine on the ep = 2 model (plain SGD, so the update is -lr * gradient) must update the dense parameters
-as the reference does AND each rank's experts as the reference's experts with the same global ids: the
-expert gradients were not all-reduced across the two ranks (edp = 1) and were scaled as the dense ones.
+every gradient match, so dispatch, combine and the sequence/head exchanges are right forward AND backward.
+Then one step of DeepSpeed's engine on the ep = 2 model (plain SGD, so the update is -lr * gradient, ZeRO 0
+and 2) must update the dense parameters as the reference does AND each rank's experts as the reference's
+experts with the same global ids: the expert gradients were not all-reduced across the two ranks (edp = 1)
+and were scaled as the dense ones.
 """
 from __future__ import annotations
 
