@@ -15,7 +15,7 @@ split), predicted the same way without tuning anything.
 
 Last, the error of tokens/s per regime (orchestrator.estimate.uncertainty.REGIMES) over every throughput
 run: all of the reference file (Table 1, the Table 2 ZeRO-3 rows, ...), the extra published runs and the
-CPU runs measured on this kind of machine (tests/data/cpu-measured.json). A published run's tokens/s is
+CPU runs measured on this kind of machine, idle (tests/data/cpu-measured.json, each with its source). A published run's tokens/s is
 implied by its TFLOP/s and eq. 3's FLOPs. ``--write`` stores the per-regime figures in
 orchestrator/estimate/residuals.py, the basis of every LAYOUT's ``uncertainty``.
 """
@@ -99,7 +99,8 @@ def measured_rows() -> list[dict]:
     for run in json.loads(CPU_MEASURED.read_text()):
         chosen = build_plan(parse_spec(run["spec"])).chosen
         rows.append({"id": run["id"], "regime": chosen["uncertainty"]["regime"], "predicted": chosen["tokens_per_s"],
-                     "reference": run["measured"]["tokens_per_s_median"], "source": "measured here"})
+                     "reference": run["measured"]["tokens_per_s_median"],
+                     "source": "CPU runs of tests/data/cpu-measured.json"})
     return rows
 
 

@@ -308,7 +308,7 @@ def _time_line(est: LayoutEstimate) -> str:
     b, step = est.breakdown, est.step_time_s
     parts = {"compute": b.compute_s, "pipeline bubble": b.bubble_s, "TP comm": b.tp_exposed_s,
              "PP p2p": b.pp_exposed_s, "DP comm (exposed)": b.dp_exposed_s, "optimizer": b.optimizer_s,
-             "offload": b.offload_s}
+             "offload": b.offload_s, "engine host work": b.engine_s}
     shares = ", ".join(f"{k} {v / step:.0%}" for k, v in parts.items() if v / step >= 0.005)
     worst = max((k for k in parts if k != "compute"), key=lambda k: parts[k])
     limit = f"largest overhead: {worst} ({parts[worst] / step:.1%} of the step)"

@@ -26,7 +26,7 @@ from .comm import (CommEstimate, DataParallelWork, Placement, all_reduce_s, data
                    ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, estimate_layer_time, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import grad_reduce_bytes
+from .engines import gathers_per_layer, grad_reduce_bytes
 from .flops import FlopsEstimate, estimate_flops
 from .hardware import Hardware, hardware_for
 from .memory import MemoryEstimate, busiest_stage, estimate_model_states, estimate_overheads, stage_memory
@@ -69,6 +69,8 @@ class StepBreakdown:
     dp_exposed_s: float
     optimizer_s: float      # GPU Adam, or CPU-Adam + PCIe with offload
     offload_s: float        # ZeRO-3 parameter fetches from host (optimizer+params)
+    engine_s: float = 0.0   # the runtime's own host work on the critical path (DeepSpeed: ZeRO-3 fetch hooks,
+                            # the pipeline engine's per-micro-batch instructions)
 
 
 @dataclass(frozen=True)
@@ -254,8 +256,10 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             emb_sync = all_reduce_s(emb_bytes, Placement(2, 1, 2) if inter else Placement(2, 2, 1), hw)
             pp_bytes += ring_bytes(emb_bytes, 2, "all_reduce")
             pp_s += emb_sync
+    host_mb = cost.pipeline_microbatch_host_s if ctx.engine == "deepspeed" and pp > 1 else 0.0
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
-                           p2p_s=x_exposed)
+                           p2p_s=x_exposed + host_mb)
+    engine_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0
     reduce_layers = _layers_holding_most_params(split, params)
     dp_work = DataParallelWork(
         engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=params.per_gpu, param_bytes=hw.dtype_bytes,
@@ -264,18 +268,30 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
         backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
     dp_comm = data_parallel_comm(dp_work, group_placement(dp, tp, gpn), cost.dp_overlap, hw)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
-    step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync
+    fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m)
+    engine_s += fetch_host_s
+    step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s
     tp_total = m * stage_layers * tp_s
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
                         dp_reduce_s=dp_comm.reduce_s,
                         tp_exposed_s=(1 - tp_hidden) * tp_total,
                         pp_exposed_s=m * x_exposed + emb_sync)
-    fill = pipe - m * (slowest + x_exposed)
+    fill = pipe - m * (slowest + x_exposed) - (engine_s - fetch_host_s)
     breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * tp_exposed), bubble_s=fill,
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
-                              dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s)
+                              dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s,
+                              engine_s=engine_s)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+
+
+def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -> float:
+    """DeepSpeed ZeRO-3's host time per step: one hook-driven fetch per module (estimate/engines.py) in
+    every forward, recomputed forward and backward of every micro-batch."""
+    if ctx.engine != "deepspeed" or lay.zero_stage != 3 or lay.dp <= 1:
+        return 0.0
+    passes = 3 if lay.recompute == "full" else 2
+    return m * passes * (layers * gathers_per_layer("deepspeed") + 1) * ctx.cost.zero3_fetch_host_s
 
 
 def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:

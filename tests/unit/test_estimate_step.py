@@ -109,7 +109,8 @@ def test_uneven_split_step_time_follows_the_slowest_stage():
                  recompute="full", offload="none", first_stage_layers=5, last_stage_layers=5)
     est = estimate_layout(spec, lay)
     b = est.breakdown
-    step = b.compute_s + b.bubble_s + b.tp_exposed_s + b.pp_exposed_s + b.dp_exposed_s + b.optimizer_s + b.offload_s
+    step = (b.compute_s + b.bubble_s + b.tp_exposed_s + b.pp_exposed_s + b.dp_exposed_s + b.optimizer_s + b.offload_s
+            + b.engine_s)
     assert est.step_time_s == pytest.approx(step)
     assert est.to_dict()["first_stage_layers"] == 5 and est.to_dict()["last_stage_layers"] == 5
     assert "first_stage_layers" not in estimate_layout(SPEC, LAYOUT).to_dict()   # even: the record is unchanged
