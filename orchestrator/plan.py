@@ -76,10 +76,19 @@ def build_plan(spec: Spec, *, top_k: int = 5, cost=None, measured: dict | None =
 
 
 def with_layout(spec: Spec, layout: Layout) -> Spec:
-    """The spec with every parallelism field fixed to ``layout`` (what spec.resolved.yaml records)."""
+    """The spec with every parallelism field fixed to ``layout`` (what spec.resolved.yaml records).
+    cp = 1 is left out: with tensor and pipeline fixed, a missing context means 1 (layout.fixed_context)."""
     return dataclasses.replace(spec, parallelism=ParallelismSpec(
         tensor=layout.tp, pipeline=layout.pp, virtual_pipeline=layout.vpp, data=layout.dp,
         zero_stage=layout.zero_stage, micro_batch_size=layout.micro_batch_size,
         sequence_parallel=layout.sequence_parallel, recompute=layout.recompute, offload=layout.offload,
-        first_stage_layers=layout.first_stage_layers, last_stage_layers=layout.last_stage_layers))
+        first_stage_layers=layout.first_stage_layers, last_stage_layers=layout.last_stage_layers,
+        context=layout.cp if layout.cp != 1 else None, **_expert_fields(spec, layout)))
+
+
+def _expert_fields(spec: Spec, layout: Layout) -> dict:
+    """expert / expert_tensor for a MoE model; a dense model leaves them out (they are 1)."""
+    if spec.model.moe is None:
+        return {}
+    return {"expert": layout.ep, "expert_tensor": layout.etp}
 

@@ -121,19 +121,50 @@ def _candidates(spec: Spec) -> Iterator[Layout]:
     world, m = spec.world_size, spec.model
     batch = spec.training.global_batch_size
     for tp in _tp_options(spec, fixed):
-        for pp in _opt(fixed.pp, _pp_options(m.num_layers, world, tp, fixed)):
-            if world % (tp * pp):
-                continue
-            dp = world // (tp * pp)
-            if (fixed.dp is not None and fixed.dp != dp) or batch % dp:
-                continue
-            for mb in _opt(fixed.micro_batch_size, divisors(batch // dp)):
-                if batch % (mb * dp):
+        for cp in _opt(fixed.cp, context_options(spec, world // tp if world % tp == 0 else 1)):
+            for pp in _opt(fixed.pp, _pp_options(m.num_layers, world, tp * cp, fixed)):
+                if world % (tp * cp * pp):
                     continue
-                yield from _inner(spec, fixed, tp, pp, dp, mb, batch // (mb * dp))
+                dp = world // (tp * cp * pp)
+                if (fixed.dp is not None and fixed.dp != dp) or batch % dp:
+                    continue
+                for ep, etp in expert_options(spec, fixed, tp, world // pp, dp):
+                    for mb in _opt(fixed.micro_batch_size, divisors(batch // dp)):
+                        if batch % (mb * dp):
+                            continue
+                        degrees = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp}
+                        yield from _inner(spec, fixed, degrees, mb, batch // (mb * dp))
 
 
-def _inner(spec: Spec, fixed: Layout, tp: int, pp: int, dp: int, mb: int, num_mb: int) -> Iterator[Layout]:
+# Smallest sequence chunk a context-parallel rank is searched with: below ~1K tokens per rank the
+# attention block is too short to hide the K/V ring exchange (Megatron-Core's context-parallel guide
+# recommends CP for long sequences, >= 8K tokens), and the planner would only add losing candidates.
+MIN_CONTEXT_CHUNK = 1024
+
+
+def context_options(spec: Spec, ranks: int) -> list[int]:
+    """cp degrees to search: 1, and the divisors of ``ranks`` that split the sequence into 2*cp equal
+    chunks (causal load balancing) of at least MIN_CONTEXT_CHUNK tokens, with fused attention."""
+    s = spec.model.seq_length
+    if not spec.model.flash_attention:
+        return [1]
+    return [c for c in divisors(ranks) if c == 1 or (s % (2 * c) == 0 and s // c >= MIN_CONTEXT_CHUNK)]
+
+
+def expert_options(spec: Spec, fixed: Layout, tp: int, ranks_per_stage: int, dp: int) -> list[tuple[int, int]]:
+    """(ep, etp) pairs to search for a MoE model (dense: (1, 1)): ep a divisor of the expert count, etp 1
+    or tp (Megatron's default is etp = tp; published MoE runs mostly use 1), ep * etp dividing the ranks of
+    one pipeline stage (MoE parallel folding)."""
+    moe = spec.model.moe
+    if moe is None:
+        return [(fixed.ep or 1, fixed.etp or 1)]
+    eps = _opt(fixed.ep, divisors(moe.num_experts))
+    etps = _opt(fixed.etp, sorted({1, tp}))
+    return [(e, t) for e in eps for t in etps if ranks_per_stage % (e * t) == 0]
+
+
+def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator[Layout]:
+    tp, pp, dp = d["tp"], d["pp"], d["dp"]
     n = spec.model.num_layers
     for vpp in _opt(fixed.vpp, _vpp_options(n, pp, num_mb, fixed) if engine_of(spec) == "megatron" else [1]):
         split = _split_for(n, pp, vpp, fixed)
@@ -147,7 +178,8 @@ def _inner(spec: Spec, fixed: Layout, tp: int, pp: int, dp: int, mb: int, num_mb
                     for off in _opt(fixed.offload, _offload_options(pp, zero, spec.cluster.gpu)):
                         yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
                                      sequence_parallel=sp, recompute=rec, offload=off,
-                                     first_stage_layers=split[0], last_stage_layers=split[1])
+                                     first_stage_layers=split[0], last_stage_layers=split[1],
+                                     cp=d["cp"], ep=d["ep"], etp=d["etp"])
 
 
 def _opt(fixed, options: list) -> list:
@@ -208,12 +240,17 @@ def _offload_options(pp: int, zero: int, gpu: str) -> list[str]:
 
 def _fixed_fields(spec: Spec) -> str:
     lay = layout_from_spec(spec)
-    fixed = [f"{FIELD_PATHS[f.name].split('.')[-1]}={getattr(lay, f.name)}" for f in dataclasses.fields(lay)
+    fixed = [f"{FIELD_PATHS[f.name].split('.')[-1]}={shown(getattr(lay, f.name))}" for f in dataclasses.fields(lay)
              if getattr(lay, f.name) is not None]
     return ", ".join(fixed) or "none fixed"
 
 
 # --- explanations ---------------------------------------------------------------------------------
+
+def shown(value) -> str:
+    """A layout value as the spec (YAML) spells it: true/false, not Python's True/False."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
 
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.1f} GiB"
@@ -246,7 +283,7 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
              f"uncertainty {pm} ({top.uncertainty['regime']}): {top.uncertainty['basis']}."]
     if len(ranked) > 1:
         gap = ranked[1].step_time_s / top.step_time_s - 1
-        diff = ", ".join(f"{f.name} {getattr(ranked[1].layout, f.name)}" for f in dataclasses.fields(Layout)
+        diff = ", ".join(f"{f.name} {shown(getattr(ranked[1].layout, f.name))}" for f in dataclasses.fields(Layout)
                          if getattr(ranked[1].layout, f.name) != getattr(top.layout, f.name))
         lines.append(f"runner-up {describe(ranked[1])} ({diff}) is {gap:.1%} slower"
                      + (f" and needs {_gib(ranked[1].memory.total_bytes)}." if gap < 0.001 else "."))
@@ -266,10 +303,18 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
 def _network_line(ctx: EstimateContext, est: LayoutEstimate) -> str:
     lay, comm, hw = est.layout, est.comm, ctx.hw
     dp_nodes = group_placement(lay.dp, lay.tp, hw.gpus_per_node).num_nodes
-    where = "inside one node" if dp_nodes == 1 else f"across {dp_nodes} nodes at {hw.inter_Bps / 1e9:.0f} GB/s per GPU"
-    return (f"network: {comm.exposed_s / est.step_time_s:.1%} of the step is exposed communication "
-            f"(TP {comm.tp_exposed_s:.3g} s inside the node at {hw.intra_Bps / 1e9:.0f} GB/s busbw, PP {comm.pp_exposed_s:.3g} s, "
-            f"DP {comm.dp_exposed_s:.3g} s of {comm.dp_s:.3g} s; the DP group of {lay.dp} lies {where}).")
+    where = "inside one node" if dp_nodes == 1 else f"across {dp_nodes} nodes at {_rate(hw.inter_Bps)} per GPU"
+    parts = [f"TP {comm.tp_exposed_s:.3g} s inside the node at {_rate(hw.intra_Bps)} busbw"] if lay.tp > 1 else []
+    parts += [f"PP {comm.pp_exposed_s:.3g} s"] if lay.pp > 1 else []
+    if lay.dp > 1:
+        parts.append(f"DP {comm.dp_exposed_s:.3g} s of {comm.dp_s:.3g} s; the DP group of {lay.dp} lies {where}")
+    return (f"network: {comm.exposed_s / est.step_time_s:.1%} of the step is exposed communication"
+            + (f" ({', '.join(parts)})." if parts else " (tp, pp and dp are 1: none)."))
+
+
+def _rate(bytes_per_s: float) -> str:
+    """A bandwidth with three significant digits, so a small one never reads as 0 GB/s."""
+    return f"{bytes_per_s / 1e9:.3g} GB/s"
 
 
 def _time_line(est: LayoutEstimate) -> str:

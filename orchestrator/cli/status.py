@@ -11,7 +11,11 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print {backend, job_id, state, straggler} as JSON.")
 def command(run_dir, as_json) -> None:
     """Print the job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...) and the persistent
-    straggler the job named, if any. Exit 0 unless the job FAILED (then 1)."""
+    straggler the job named, if any.
+
+    Exit 0 when the state is known and not a failure; 1 when the job FAILED (also NODE_FAIL, OUT_OF_MEMORY,
+    TIMEOUT); 2 when nothing was launched from RUN_DIR (no job.json: not a run dir, or never launched).
+    """
     from ..launch import backend_module
     from ..launch.base import CommandRunner, JobRecord, JobState
     from ..telemetry.straggler import read_straggler

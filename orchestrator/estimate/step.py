@@ -105,7 +105,8 @@ class LayoutEstimate:
         lay = self.layout
         split = {k: getattr(lay, k) for k in ("first_stage_layers", "last_stage_layers") if getattr(lay, k) is not None}
         return split | {
-            "engine": self.engine, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "zero_stage": lay.zero_stage,
+            "engine": self.engine, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "cp": lay.cp,
+            "ep": lay.ep, "etp": lay.etp, "zero_stage": lay.zero_stage,
             "micro_batch_size": lay.micro_batch_size, "grad_accum_steps": self.grad_accum_steps,
             "num_microbatches": self.num_microbatches, "sequence_parallel": lay.sequence_parallel,
             "recompute": lay.recompute, "offload": lay.offload, "tag": lay.tag(),
