@@ -13,9 +13,9 @@ offline run directories, W&B run paths) and computes, per run:
   (positive: the cost model over-estimated; None when the measured value is 0);
 - **the time breakdown** of a step, in seconds: compute, pipeline bubble, exposed communication and the
   rest, measured (means over the measured steps; per step the record's compute time, then
-  bubble_fraction * step time, then comm_exposed_s, each clipped to what is left of the step, the
-  remainder is "other") and predicted (plan.json's breakdown: compute + optimizer + offload, bubble,
-  exposed DP + TP + PP communication).
+  bubble_fraction * step time, then comm_exposed_s + alltoall_time_s, each clipped to what is left of the
+  step, the remainder is "other") and predicted (plan.json's breakdown: compute + optimizer + offload,
+  bubble, exposed DP + TP + PP + expert all-to-all + context-parallel communication).
 
 Across runs: the semantic diff (the layout fields and the resolved-spec fields whose values differ) and the
 winner: the run with the highest median tokens/s (per GPU when the world sizes differ), with the main reason:
@@ -41,7 +41,10 @@ WARMUP_STEPS = 3
 P90 = 90.0
 MEDIAN_KEYS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "allreduce_time_s",
                "allreduce_overhead", "comm_exposed_s")
-PREDICTED_KEYS = MEDIAN_KEYS + ("mem_peak_bytes",)
+# MoE and context parallelism (issue 10): medians where every measured step has them, else None (older runs
+# and dense models).
+OPTIONAL_MEDIAN_KEYS = ("alltoall_time_s", "expert_load_imbalance", "tokens_dropped_fraction", "moe_aux_loss")
+PREDICTED_KEYS = MEDIAN_KEYS + ("mem_peak_bytes",) + OPTIONAL_MEDIAN_KEYS
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "dp", "zero_stage", "micro_batch_size", "num_microbatches",
                  "sequence_parallel", "recompute", "offload")
 SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers")   # in a layout record only when set (uneven split)
@@ -78,6 +81,9 @@ def measured_stats(records, warmup: int) -> dict:
     """Medians (and the step time's p90) over records[warmup:]; the peak memory over all records."""
     kept = records[warmup:]
     stats = {key: median(r[key] for r in kept) for key in MEDIAN_KEYS}
+    for key in OPTIONAL_MEDIAN_KEYS:
+        values = [r.get(key) for r in kept]
+        stats[key] = median(values) if all(isinstance(v, (int, float)) for v in values) else None
     stats["step_time_p90_s"] = percentile((r["step_time_s"] for r in kept), P90)
     stats["mem_peak_bytes"] = max(r["mem_peak_bytes"] for r in records)
     return stats
@@ -88,7 +94,8 @@ def step_breakdown(record: dict) -> dict:
     total = record["step_time_s"]
     compute = min(float(record.get("compute_time_s") or 0.0), total)
     bubble = min(record["bubble_fraction"] * total, total - compute)
-    exposed = min(record["comm_exposed_s"], total - compute - bubble)
+    # the trainer's all-to-alls (MoE dispatch/combine, Ulysses) are synchronous: wholly exposed
+    exposed = min(record["comm_exposed_s"] + (record.get("alltoall_time_s") or 0.0), total - compute - bubble)
     return {"compute_s": compute, "bubble_s": bubble, "exposed_comm_s": exposed,
             "other_s": total - compute - bubble - exposed}
 
@@ -105,7 +112,7 @@ def predicted_breakdown(chosen: dict) -> dict:
     if not isinstance(b, dict) or not isinstance(chosen.get("step_time_s"), (int, float)):
         return {}
     compute = b.get("compute_s", 0.0) + b.get("optimizer_s", 0.0) + b.get("offload_s", 0.0)
-    exposed = b.get("dp_exposed_s", 0.0) + b.get("tp_exposed_s", 0.0) + b.get("pp_exposed_s", 0.0)
+    exposed = sum(b.get(f"{kind}_exposed_s", 0.0) for kind in ("dp", "tp", "pp", "ep", "cp"))
     bubble = b.get("bubble_s", 0.0)
     other = chosen["step_time_s"] - compute - bubble - exposed
     return {"compute_s": compute, "bubble_s": bubble, "exposed_comm_s": exposed,

@@ -37,6 +37,11 @@ class Layout:
     # stages' equal share, both None = the even split. Never "open": None is a complete value here.
     first_stage_layers: Optional[int] = None
     last_stage_layers: Optional[int] = None
+    # Context parallelism and MoE expert parallelism (MoE parallel folding: attention over tp x cp x dp x pp,
+    # experts over etp x ep x edp x pp on the same ranks). Default 1: a layout without them; None = open.
+    cp: Optional[int] = 1
+    ep: Optional[int] = 1
+    etp: Optional[int] = 1
     # Megatron's --account-for-embedding/loss-in-pipeline-split: True, False, or None = undecided (the spec
     # left it open; the planner's layouts say True or False). Never counted as an open field.
     account_split: Optional[bool] = None
@@ -57,12 +62,21 @@ class Layout:
     def model_parallel_size(self) -> int:
         return self.tp * self.pp
 
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel degree: the ranks holding the same experts (world / (etp * ep * pp))."""
+        return self.tp * self.cp * self.dp // (self.etp * self.ep)
+
     def tag(self) -> str:
         """Short name used for W&B tags and tables: tp8-pp4-dp2-z1-mb1."""
         vpp = f"-v{self.vpp}" if self.vpp and self.vpp > 1 else ""
         split = f"-f{self.first_stage_layers or ''}l{self.last_stage_layers or ''}" if self.is_uneven else ""
         split += "-ael" if self.account_split else ""
-        return f"tp{self.tp}-pp{self.pp}{vpp}{split}-dp{self.dp}-z{self.zero_stage}-mb{self.micro_batch_size}"
+        cp = f"-cp{self.cp}" if self.cp and self.cp > 1 else ""
+        ep = f"-ep{self.ep}" if self.ep and self.ep > 1 else ""
+        etp = f"-etp{self.etp}" if self.etp and self.etp > 1 else ""
+        return (f"tp{self.tp}{cp}-pp{self.pp}{vpp}{split}{ep}{etp}-dp{self.dp}-z{self.zero_stage}"
+                f"-mb{self.micro_batch_size}")
 
 
 SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_split")
@@ -73,20 +87,36 @@ FIELD_PATHS = {"tp": f"{P}.tensor", "pp": f"{P}.pipeline", "vpp": f"{P}.virtual_
                "zero_stage": f"{P}.zero_stage", "micro_batch_size": f"{P}.micro_batch_size",
                "sequence_parallel": f"{P}.sequence_parallel", "recompute": f"{P}.recompute",
                "offload": f"{P}.offload", "first_stage_layers": f"{P}.first_stage_layers",
-               "last_stage_layers": f"{P}.last_stage_layers",
+               "last_stage_layers": f"{P}.last_stage_layers", "cp": f"{P}.context", "ep": f"{P}.expert",
+               "etp": f"{P}.expert_tensor",
                "account_split": f"{P}.account_for_embedding_loss"}
 
 
 def layout_from_spec(spec: Spec) -> Layout:
     """The partial layout the user fixed (dp derived from the world size when tp and pp are known)."""
     p = spec.parallelism
+    cp = fixed_context(spec)
     dp = p.data
-    if dp is None and p.tensor and p.pipeline and spec.world_size % (p.tensor * p.pipeline) == 0:
-        dp = spec.world_size // (p.tensor * p.pipeline)
+    if dp is None and p.tensor and p.pipeline and cp and spec.world_size % (p.tensor * p.pipeline * cp) == 0:
+        dp = spec.world_size // (p.tensor * p.pipeline * cp)
+    moe = spec.model.moe is not None
     return Layout(tp=p.tensor, pp=p.pipeline, vpp=p.virtual_pipeline, dp=dp, zero_stage=p.zero_stage,
                   micro_batch_size=p.micro_batch_size, sequence_parallel=p.sequence_parallel,
                   recompute=p.recompute, offload=p.offload, first_stage_layers=p.first_stage_layers,
-                  last_stage_layers=p.last_stage_layers, account_split=p.account_for_embedding_loss)
+                  last_stage_layers=p.last_stage_layers, cp=cp,
+                  ep=p.expert if p.expert is not None or moe else 1,
+                  etp=p.expert_tensor if p.expert_tensor is not None or moe else 1,
+                  account_split=p.account_for_embedding_loss)
+
+
+def fixed_context(spec: Spec) -> int | None:
+    """cp as the spec fixes it: parallelism.context, or 1 when tensor and pipeline are given without it
+    (the layout as written before context parallelism: tp and pp fixed, dp takes the rest); otherwise None
+    (open: the planner searches it). Never derived from the other degrees."""
+    p = spec.parallelism
+    if p.context is not None:
+        return p.context
+    return 1 if p.tensor is not None and p.pipeline is not None else None
 
 
 def layout_split(num_layers: int, layout: Layout) -> StageSplit:
@@ -117,10 +147,11 @@ def _known(*values) -> bool:
 
 def rule_hidden_heads(spec: Spec, lay: Layout) -> Problem | None:
     m = spec.model
-    if m.hidden_size % m.num_attention_heads:
+    if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
         return Problem("model.hidden_size", f"hidden_size({m.hidden_size}) % num_attention_heads"
                        f"({m.num_attention_heads}) = {m.hidden_size % m.num_attention_heads}, must be 0",
-                       "pick a hidden size that is a multiple of the head count")
+                       "pick a hidden size that is a multiple of the head count, or set model.kv_channels "
+                       "(the per-head dimension)")
     return None
 
 
@@ -137,15 +168,18 @@ def rule_groups_heads(spec: Spec, lay: Layout) -> Problem | None:
 def rule_world_size(spec: Spec, lay: Layout) -> Problem | None:
     world = spec.world_size
     tp, pp, dp = lay.tp, lay.pp, spec.parallelism.data
-    if _known(tp, pp, dp) and tp * pp * dp != world:
-        return Problem(FIELD_PATHS["dp"], f"tp({tp}) * pp({pp}) * dp({dp}) = {tp * pp * dp} != "
+    cp = lay.cp if lay.cp is not None else spec.parallelism.context
+    cps, cpt = (f" * cp({cp})", "/cp") if cp and cp > 1 else ("", "")
+    if _known(tp, pp, dp, cp) and tp * cp * pp * dp != world:
+        return Problem(FIELD_PATHS["dp"], f"tp({tp}){cps} * pp({pp}) * dp({dp}) = {tp * cp * pp * dp} != "
                        f"world_size({world}) = num_nodes({spec.cluster.num_nodes}) * "
                        f"gpus_per_node({spec.cluster.gpus_per_node})",
-                       f"remove parallelism.data to derive it, or change tp/pp/nodes")
-    if _known(tp, pp) and world % (tp * pp):
-        return Problem(FIELD_PATHS["pp"], f"world_size({world}) % (tp({tp}) * pp({pp}) = {tp * pp}) = "
-                       f"{world % (tp * pp)}, must be 0", "make tp * pp a divisor of the GPU count")
-    for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+                       f"remove parallelism.data to derive it, or change tp/pp{cpt}/nodes")
+    if _known(tp, pp) and world % (tp * pp * (cp or 1)):
+        mp = tp * pp * (cp or 1)
+        return Problem(FIELD_PATHS["pp"], f"world_size({world}) % (tp({tp}){cps} * pp({pp}) = {mp}) = "
+                       f"{world % mp}, must be 0", f"make tp{cps and ' * cp'} * pp a divisor of the GPU count")
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
         if value is not None and world % value:
             return Problem(FIELD_PATHS[name], f"{name}({value}) does not divide world_size({world})",
                            f"use a divisor of {world}")
@@ -362,6 +396,13 @@ LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
 ]
 SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_cpu_precision, rule_data, rule_pdsh_hosts]
 
+# MoE, context-parallel and FP8 rules live in their own module; they take Layout, defined above.
+from . import parallel_rules as _parallel  # noqa: E402
+
+MODEL_RULES += _parallel.MODEL_RULES
+SPEC_RULES += _parallel.SPEC_RULES
+LAYOUT_RULES += _parallel.LAYOUT_RULES
+
 
 def check_layout(spec: Spec, layout: Layout) -> list[Problem]:
     """Every layout rule that fails for ``layout`` (open fields pass). The planner's hot path."""
@@ -389,7 +430,7 @@ def check_spec(spec: Spec) -> list[Problem]:
 def _positive_degrees(spec: Spec) -> bool:
     p = spec.parallelism
     degrees = (p.tensor, p.pipeline, p.virtual_pipeline, p.data, p.micro_batch_size, p.first_stage_layers,
-               p.last_stage_layers)
+               p.last_stage_layers, p.context, p.expert, p.expert_tensor)
     return all(d is None or d >= 1 for d in degrees) and spec.world_size >= 1
 
 

@@ -20,6 +20,7 @@ class Plan:
     chosen: dict                              # the LAYOUT record of SPEC.md (layout + estimates)
     candidates: list = field(default_factory=list)  # LAYOUT records of the top candidates
     cost_model: dict | None = None            # the calibrated cost-model terms, when not the defaults
+    measured: dict | None = None              # which figures `orch doctor` measured (--measured), with values
 
     @property
     def world_size(self) -> int:
@@ -56,12 +57,14 @@ class Plan:
         record = {"chosen": self.chosen, "candidates": self.candidates}
         if self.cost_model:
             record["cost_model"] = self.cost_model
+        if self.measured:
+            record["measured"] = self.measured
         if notes:
             record["notes"] = notes
         return record
 
 
-def build_plan(spec: Spec, *, top_k: int = 5, cost=None) -> Plan:
+def build_plan(spec: Spec, *, top_k: int = 5, cost=None, measured: dict | None = None) -> Plan:
     """Plan a spec: estimate its layout when fully fixed, otherwise search the open fields."""
     from .planner import search  # noqa: PLC0415  (keeps `orch --help` light)
 
@@ -69,15 +72,24 @@ def build_plan(spec: Spec, *, top_k: int = 5, cost=None) -> Plan:
     layout = result.chosen.layout
     return Plan(spec=with_layout(spec, layout), layout=layout, chosen=result.chosen.to_dict(),
                 candidates=[c.to_dict() for c in result.candidates],
-                cost_model=cost.to_dict() if cost is not None else None)
+                cost_model=cost.to_dict() if cost is not None else None, measured=measured)
 
 
 def with_layout(spec: Spec, layout: Layout) -> Spec:
-    """The spec with every parallelism field fixed to ``layout`` (what spec.resolved.yaml records)."""
+    """The spec with every parallelism field fixed to ``layout`` (what spec.resolved.yaml records).
+    cp = 1 is left out: with tensor and pipeline fixed, a missing context means 1 (layout.fixed_context)."""
     return dataclasses.replace(spec, parallelism=ParallelismSpec(
         tensor=layout.tp, pipeline=layout.pp, virtual_pipeline=layout.vpp, data=layout.dp,
         zero_stage=layout.zero_stage, micro_batch_size=layout.micro_batch_size,
         sequence_parallel=layout.sequence_parallel, recompute=layout.recompute, offload=layout.offload,
         first_stage_layers=layout.first_stage_layers, last_stage_layers=layout.last_stage_layers,
+        context=layout.cp if layout.cp != 1 else None, **_expert_fields(spec, layout),
         account_for_embedding_loss=True if layout.account_split else None))
+
+
+def _expert_fields(spec: Spec, layout: Layout) -> dict:
+    """expert / expert_tensor for a MoE model; a dense model leaves them out (they are 1)."""
+    if spec.model.moe is None:
+        return {}
+    return {"expert": layout.ep, "expert_tensor": layout.etp}
 

@@ -120,17 +120,21 @@ def _candidates(spec: Spec) -> Iterator[Layout]:
     fixed = layout_from_spec(spec)
     world, m = spec.world_size, spec.model
     batch = spec.training.global_batch_size
+    megatron = engine_of(spec) == "megatron"
     for tp in _tp_options(spec, fixed):
-        for pp in _opt(fixed.pp, _pp_options(m.num_layers, world, tp, fixed, engine_of(spec) == "megatron")):
-            if world % (tp * pp):
-                continue
-            dp = world // (tp * pp)
-            if (fixed.dp is not None and fixed.dp != dp) or batch % dp:
-                continue
-            for mb in _opt(fixed.micro_batch_size, divisors(batch // dp)):
-                if batch % (mb * dp):
+        for cp in _opt(fixed.cp, context_options(spec, world // tp if world % tp == 0 else 1)):
+            for pp in _opt(fixed.pp, _pp_options(m.num_layers, world, tp * cp, fixed, megatron)):
+                if world % (tp * cp * pp):
                     continue
-                yield from _inner(spec, fixed, tp, pp, dp, mb, batch // (mb * dp))
+                dp = world // (tp * cp * pp)
+                if (fixed.dp is not None and fixed.dp != dp) or batch % dp:
+                    continue
+                for ep, etp in expert_options(spec, fixed, tp, world // pp, dp):
+                    for mb in _opt(fixed.micro_batch_size, divisors(batch // dp)):
+                        if batch % (mb * dp):
+                            continue
+                        degrees = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep, "etp": etp}
+                        yield from _inner(spec, fixed, degrees, mb, batch // (mb * dp))
 
 
 def _split_variants(spec: Spec, fixed: Layout, pp: int, num_mb: int) -> Iterator[tuple[int, tuple, bool | None]]:
@@ -156,7 +160,35 @@ def _split_variants(spec: Spec, fixed: Layout, pp: int, num_mb: int) -> Iterator
             yield vpp, (None, None), True
 
 
-def _inner(spec: Spec, fixed: Layout, tp: int, pp: int, dp: int, mb: int, num_mb: int) -> Iterator[Layout]:
+# Smallest sequence chunk a context-parallel rank is searched with: below ~1K tokens per rank the
+# attention block is too short to hide the K/V ring exchange (Megatron-Core's context-parallel guide
+# recommends CP for long sequences, >= 8K tokens), and the planner would only add losing candidates.
+MIN_CONTEXT_CHUNK = 1024
+
+
+def context_options(spec: Spec, ranks: int) -> list[int]:
+    """cp degrees to search: 1, and the divisors of ``ranks`` that split the sequence into 2*cp equal
+    chunks (causal load balancing) of at least MIN_CONTEXT_CHUNK tokens, with fused attention."""
+    s = spec.model.seq_length
+    if not spec.model.flash_attention:
+        return [1]
+    return [c for c in divisors(ranks) if c == 1 or (s % (2 * c) == 0 and s // c >= MIN_CONTEXT_CHUNK)]
+
+
+def expert_options(spec: Spec, fixed: Layout, tp: int, ranks_per_stage: int, dp: int) -> list[tuple[int, int]]:
+    """(ep, etp) pairs to search for a MoE model (dense: (1, 1)): ep a divisor of the expert count, etp 1
+    or tp (Megatron's default is etp = tp; published MoE runs mostly use 1), ep * etp dividing the ranks of
+    one pipeline stage (MoE parallel folding)."""
+    moe = spec.model.moe
+    if moe is None:
+        return [(fixed.ep or 1, fixed.etp or 1)]
+    eps = _opt(fixed.ep, divisors(moe.num_experts))
+    etps = _opt(fixed.etp, sorted({1, tp}))
+    return [(e, t) for e in eps for t in etps if ranks_per_stage % (e * t) == 0]
+
+
+def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator[Layout]:
+    tp, pp, dp = d["tp"], d["pp"], d["dp"]
     for vpp, split, account in _split_variants(spec, fixed, pp, num_mb):
         for sp in _opt(fixed.sequence_parallel, [False, True] if tp > 1 and spec.model.seq_length % tp == 0
                        else [False]):
@@ -167,7 +199,7 @@ def _inner(spec: Spec, fixed: Layout, tp: int, pp: int, dp: int, mb: int, num_mb
                         yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
                                      sequence_parallel=sp, recompute=rec, offload=off,
                                      first_stage_layers=split[0], last_stage_layers=split[1],
-                                     account_split=account)
+                                     cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account)
 
 
 def _opt(fixed, options: list) -> list:

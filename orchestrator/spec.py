@@ -47,13 +47,33 @@ MAX_SLURM_SIGNAL_S = 65535         # sbatch --signal: sig_time must lie in 0..65
 SLURM_TIME_PATTERN = r"([0-9]{1,3}-([01]?[0-9]|2[0-3])|[0-9]{1,3}):[0-5][0-9]:[0-5][0-9]"  # ASCII digits only
 WANDB_NAME_PATTERN = r"[^/\\#?%:]{1,128}"   # W&B refuses these characters in project and entity names
 
-Precision = Literal["bf16", "fp16", "fp32"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 Engine = Literal["megatron", "deepspeed"]
 # Defaults resolved into the spec (spec.resolved.yaml shows them).
 DEFAULT_HOST_MEMORY_GiB_PER_GPU = 64
 DEFAULT_HOST_MEMORY_GiB_PER_CPU_PROCESS = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-Experts: every MoE layer routes each token to router_topk of num_experts expert MLPs
+    (Megatron-Core MoE; Shazeer et al. 2017; Fedus et al. 2021). Absent or null: a dense model."""
+
+    num_experts: int = spec_field(doc="routed experts per MoE layer", minimum=1)
+    router_topk: int = spec_field(2, doc="experts each token is routed to (top-k)", minimum=1)
+    ffn_hidden_size: Optional[int] = spec_field(
+        None, doc="MLP width of one routed expert; default model.ffn_hidden_size", minimum=1)
+    shared_expert_ffn_hidden_size: int = spec_field(
+        0, doc="MLP width of the shared expert every token also passes (DeepSeek, Qwen2-MoE); 0: none", minimum=0)
+    first_dense_layers: int = spec_field(
+        0, doc="leading dense layers (DeepSeek-style); every later layer is MoE", minimum=0)
+    capacity_factor: Optional[float] = spec_field(
+        None, doc="null: dropless (every token reaches its experts); a number: each expert takes at most "
+        "capacity_factor * tokens * topk / num_experts tokens and drops the rest", exclusive_minimum=0)
+    aux_loss_coeff: float = spec_field(
+        0.01, doc="load-balancing auxiliary loss coefficient (Switch Transformer's 0.01; 0 = off)", minimum=0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +97,10 @@ class ModelSpec:
     normalization: Literal["layernorm", "rmsnorm"] = spec_field("layernorm", doc="norm layer")
     position_embedding: Literal["learned", "rope"] = spec_field("learned", doc="position embedding")
     add_bias_linear: bool = spec_field(True, doc="bias terms in linear layers")
+    kv_channels: Optional[int] = spec_field(
+        None, doc="per-head dimension; default hidden_size / num_attention_heads (Qwen3: 128)", minimum=1,
+        omit_if_none=True)
+    moe: Optional[MoESpec] = spec_field(None, doc="Mixture-of-Experts; null: a dense model", omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +159,9 @@ class TrainingSpec:
     engine: Optional[Engine] = spec_field(
         None, doc="megatron | deepspeed: the runtime that trains this spec (rules, files, launch scripts and "
         "predictions follow it); default megatron on GPUs, deepspeed on gpu cpu (Megatron-Core cannot train on CPU)")
-    precision: Precision = spec_field("bf16", doc="bf16 | fp16 | fp32")
+    precision: Precision = spec_field(
+        "bf16", doc="bf16 | fp16 | fp32 | fp8 (fp8: Megatron engine, Transformer Engine, Hopper or newer; "
+        "FP8 GEMMs with bf16 master weights)")
     optimizer: OptimizerSpec = spec_field(default_factory=OptimizerSpec, doc="optimizer")
     lr_schedule: LrScheduleSpec = spec_field(default_factory=LrScheduleSpec, doc="learning-rate schedule")
     train_iters: int = spec_field(1000, doc="optimizer steps", minimum=1, maximum=MAX_STEPS)
@@ -154,6 +180,11 @@ class DataSpec:
     synthetic: bool = spec_field(True, doc="deterministic random tokens")
 
 
+def _added_degree(maximum: int, doc: str):
+    """An optional count added after spec_version 1: left out of the resolved spec (and its hash) while null."""
+    return spec_field(None, doc=doc, minimum=1, maximum=maximum, omit_if_none=True)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ParallelismSpec:
     """The layout. Every field is optional: what is missing is searched by the planner (orch plan)."""
@@ -168,13 +199,20 @@ class ParallelismSpec:
     sequence_parallel: Optional[bool] = spec_field(None, doc="Megatron sequence parallelism (needs tp > 1)")
     recompute: Optional[Recompute] = spec_field(None, doc="activation recomputation")
     offload: Optional[Offload] = spec_field(None, doc="ZeRO-Offload of optimizer (and parameters) to CPU")
-    first_stage_layers: Optional[int] = spec_field(
-        None, doc="transformer layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers); "
-        "the middle stages share the rest equally; null = even split", minimum=1, maximum=MAX_LAYERS,
-        omit_if_none=True)
-    last_stage_layers: Optional[int] = spec_field(
-        None, doc="transformer layers on the last pipeline stage (--decoder-last-pipeline-num-layers); "
-        "null = even split", minimum=1, maximum=MAX_LAYERS, omit_if_none=True)
+    first_stage_layers: Optional[int] = _added_degree(MAX_LAYERS,
+        "transformer layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers); "
+        "the middle stages share the rest equally; null = even split")
+    last_stage_layers: Optional[int] = _added_degree(MAX_LAYERS,
+        "transformer layers on the last pipeline stage (--decoder-last-pipeline-num-layers); null = even split")
+    context: Optional[int] = _added_degree(MAX_DEGREE,
+        "context-parallel degree cp (Megatron context parallelism: the sequence split over cp ranks, K/V "
+        "exchanged in a ring); with engine deepspeed, the Ulysses sequence-parallel degree")
+    expert: Optional[int] = _added_degree(MAX_DEGREE,
+        "expert-parallel degree ep: the experts of each MoE layer spread over ep ranks, tokens routed to them "
+        "by all-to-all (MoE models only)")
+    expert_tensor: Optional[int] = _added_degree(MAX_DEGREE,
+        "expert tensor-parallel degree etp: the experts' own tensor parallelism (MoE parallel folding; "
+        "Megatron's --expert-tensor-parallel-size)")
     account_for_embedding_loss: Optional[bool] = spec_field(
         None, doc="count the embedding and the loss as one layer each when splitting the layers over the "
         "pipeline (Megatron's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split; "
@@ -364,7 +402,11 @@ def _merge_preset(model: Any, problems: list[Problem]) -> Any:
     if not isinstance(name, str) or name not in MODELS:
         problems.append(Problem("model.preset", f"unknown preset {name!r}", did_you_mean(str(name), list(MODELS))))
         return {k: v for k, v in model.items() if k != "preset"}
-    return {**preset_fields(name), **model}
+    preset = preset_fields(name)
+    merged = {**preset, **model}
+    if isinstance(preset.get("moe"), dict) and isinstance(model.get("moe"), dict):
+        merged["moe"] = {**preset["moe"], **model["moe"]}   # model.moe.x overrides one field of the preset's
+    return merged
 
 
 def _apply_defaults(spec: Spec, problems: list[Problem]) -> Spec | None:
@@ -375,9 +417,10 @@ def _apply_defaults(spec: Spec, problems: list[Problem]) -> Spec | None:
                                     "set it, or set model.preset (orch init --list-presets)"))
     if any(getattr(m, name) is None for name in REQUIRED_MODEL_FIELDS):
         return None
-    model = dataclasses.replace(
-        m, num_query_groups=m.num_query_groups or m.num_attention_heads,
-        ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size)
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    moe = m.moe and dataclasses.replace(m.moe, ffn_hidden_size=m.moe.ffn_hidden_size or ffn)
+    model = dataclasses.replace(m, num_query_groups=m.num_query_groups or m.num_attention_heads,
+                                ffn_hidden_size=ffn, moe=moe)
     wandb = spec.tracking.wandb
     tracking = dataclasses.replace(spec.tracking, wandb=dataclasses.replace(wandb, group=wandb.group or spec.name))
     training = dataclasses.replace(spec.training, engine=spec.training.engine or default_engine(spec.cluster.gpu))

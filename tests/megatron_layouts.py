@@ -34,3 +34,30 @@ MEGATRON_LAYOUTS = {
                         "parallelism.micro_batch_size": 1, "training.global_batch_size": 32,
                         "parallelism.first_stage_layers": 4, "parallelism.last_stage_layers": 4},
 }
+
+# Mixture-of-Experts, context parallelism, FP8 and kv_channels (issue 10), Megatron engine on H100.
+MOE_SMALL = {"num_experts": 8, "router_topk": 1, "ffn_hidden_size": 2048, "capacity_factor": 1.25,
+             "shared_expert_ffn_hidden_size": 4096, "first_dense_layers": 2}
+MEGATRON_LAYOUTS |= {
+    "mixtral-tp2-ep8-sp": {**GPU8, "model.preset": "mixtral-8x7b", "cluster.num_nodes": 2, "parallelism.tensor": 2,
+                           "parallelism.pipeline": 1, "parallelism.expert": 8, "parallelism.expert_tensor": 1,
+                           "parallelism.sequence_parallel": True, "parallelism.zero_stage": 1,
+                           "parallelism.micro_batch_size": 1, "training.global_batch_size": 16},
+    "qwen3-kv128-ep8-pp2-fp8": {**GPU8, "model.preset": "qwen3-30b-a3b", "cluster.num_nodes": 2,
+                                "training.precision": "fp8", "parallelism.tensor": 1, "parallelism.pipeline": 2,
+                                "parallelism.expert": 8, "parallelism.expert_tensor": 1, "parallelism.zero_stage": 1,
+                                "parallelism.micro_batch_size": 1, "training.global_batch_size": 16},
+    "llama-128k-tp4-cp4-fp8": {**GPU8, "model.preset": "llama3-8b-128k", "cluster.num_nodes": 2,
+                               "training.precision": "fp8", "parallelism.tensor": 4, "parallelism.pipeline": 1,
+                               "parallelism.context": 4, "parallelism.sequence_parallel": True,
+                               "parallelism.zero_stage": 1, "parallelism.micro_batch_size": 1,
+                               "parallelism.recompute": "full", "training.global_batch_size": 8},
+    "moe-top1-capacity-shared-dense-etp2": {**GPU8, "model.preset": "gpt3-1.7b", "model.moe": MOE_SMALL,
+                                            "model.add_bias_linear": False,
+                                            "parallelism.tensor": 2, "parallelism.pipeline": 1,
+                                            "parallelism.expert": 4, "parallelism.expert_tensor": 2,
+                                            "parallelism.sequence_parallel": True, "parallelism.zero_stage": 1,
+                                            "training.global_batch_size": 16},
+    "tiny-moe-ep2-cpu": {"model.preset": "tiny-moe", "parallelism.expert": 2, "parallelism.expert_tensor": 1,
+                         "parallelism.zero_stage": 1},
+}

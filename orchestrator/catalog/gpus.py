@@ -23,6 +23,9 @@ PCIe-only parts, AMD (ROCm TE without userbuffers) and CPUs.
 and backward at head dim 128: FlashAttention-2 reaches 50-73% of A100 peak forward, less backward (Dao 2023,
 arXiv 2307.08691); on H100 FlashAttention-2 reaches ~35% and FlashAttention-3 / cuDNN up to 75% forward
 (Shah et al. 2024, arXiv 2407.08608), so Hopper-class parts take a middle value for the mix of stacks.
+``fp8_training``: FP8 tensor cores that Megatron-Core trains on through Transformer Engine's FP8 recipes
+(Hopper: H100, H200; Blackwell: B200). TE also runs FP8 on Ada (L40S), but orch plans FP8 for the
+training parts only.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ class GpuSpec:
     attention_efficiency: float = 0.45        # fused attention, forward + backward, fraction of peak
     tp_comm_overlap: bool = False             # Transformer Engine userbuffers can overlap TP comm with GEMMs
     runtime_bytes: int | None = None          # framework runtime per process; None: the cost model's CUDA context
+    fp8_training: bool = False                # FP8 training through Transformer Engine (Hopper or newer)
 
     def peak_for(self, precision: str) -> float:
         """Dense peak FLOP/s for a training precision (fp32 training runs on TF32 tensor cores)."""
@@ -79,23 +83,23 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
     GpuSpec("a100-80gb", _A100, 81920 * MiB, 2039, 230, 25, 25, _A100_SRC + "; 80 GB HBM2e, 2039 GB/s",
             matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55, tp_comm_overlap=True),
     GpuSpec("h100-sxm", _H100, 81559 * MiB, 3350, 370, 45, 50, _H100_SRC + "; 80 GB HBM3, 3.35 TB/s",
-            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True),
+            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True, fp8_training=True),
     GpuSpec("h100-pcie", {"fp32": 51.2 * TFLOPS, "tf32": 378 * TFLOPS, "bf16": 756 * TFLOPS,
                           "fp16": 756 * TFLOPS, "fp8": 1513 * TFLOPS},
             81559 * MiB, 2000, 50, 12.5, 50,
             "NVIDIA H100 PCIe datasheet: 756 TF bf16 dense, 80 GB HBM2e 2 TB/s; no NVSwitch: peers over "
             "PCIe Gen5 (~50 GB/s busbw); typical 1x 200 Gb/s NIC per 2 GPUs -> 12.5 GB/s per GPU",
-            matmul_efficiency=0.661, num_sms=114),
+            matmul_efficiency=0.661, num_sms=114, fp8_training=True),
     GpuSpec("h200", _H100, 143771 * MiB, 4800, 370, 45, 50,
             "NVIDIA H200 datasheet: same Hopper tensor cores as H100 SXM (989.4 TF bf16 dense), 141 GB HBM3e "
             "4.8 TB/s; NVLink4 900 GB/s (busbw ~370 GB/s); 8x 400 Gb/s NDR per node -> 50 GB/s per GPU",
-            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True),
+            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True, fp8_training=True),
     GpuSpec("b200", {"fp32": 80 * TFLOPS, "tf32": 1100 * TFLOPS, "bf16": 2250 * TFLOPS,
                      "fp16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS},
             183359 * MiB, 8000, 720, 45, 50,
             "NVIDIA DGX B200 / HGX B200 datasheet: 2.25 PF bf16 dense per GPU (4.5 PF sparse), 180 GB HBM3e "
             "8 TB/s; NVLink5 1.8 TB/s bidirectional (busbw ~720 GB/s); 8x 400 Gb/s ConnectX-7 per 8 GPUs",
-            matmul_efficiency=0.776, num_sms=148, tp_comm_overlap=True),
+            matmul_efficiency=0.776, num_sms=148, tp_comm_overlap=True, fp8_training=True),
     GpuSpec("mi300x", {"fp32": 163.4 * TFLOPS, "tf32": 653.7 * TFLOPS, "bf16": 1307.4 * TFLOPS,
                        "fp16": 1307.4 * TFLOPS, "fp8": 2614.9 * TFLOPS},
             196592 * MiB, 5300, 310, 45, 50,

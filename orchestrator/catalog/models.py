@@ -22,6 +22,22 @@ def _llama(layers, hidden, heads, groups, ffn, vocab, seq, source) -> dict:
             "seq_length": seq, "_source": source}
 
 
+def _moe(dense: dict, experts: int, topk: int, expert_ffn: int, aux_loss: float, source: str, **extra) -> dict:
+    """A MoE preset: a Llama-style body whose MLPs are routed experts (every layer, dropless)."""
+    moe = {"num_experts": experts, "router_topk": topk, "ffn_hidden_size": expert_ffn,
+           "aux_loss_coeff": aux_loss}
+    return {**dense, **extra, "moe": moe, "_source": source}
+
+
+def _long(base: dict, seq: int, source: str) -> dict:
+    """A long-context variant: the same shape trained at a longer sequence (RoPE scaled)."""
+    return {**base, "seq_length": seq, "_source": source}
+
+
+_MIXTRAL = "Jiang et al. 2024, Mixtral of Experts (arXiv 2401.04088) Table 1; HF config.json"
+_QWEN3 = "Qwen3 Technical Report (arXiv 2505.09388) Table 2; HF config.json (head_dim 128, moe_intermediate_size)"
+_LLAMA31 = "Llama 3 Herd of Models (arXiv 2407.21783) Table 3 and section 3.4.2 (long-context stage: 128K)"
+
 MODELS: dict[str, dict] = {
     "gpt3-1.7b": _gpt(24, 2304, 24),
     "gpt3-3.6b": _gpt(30, 3072, 32),
@@ -43,9 +59,26 @@ MODELS: dict[str, dict] = {
     "llama3-405b": _llama(126, 16384, 128, 8, 53248, 128256, 8192,
                           "Llama 3 Herd of Models (arXiv 2407.21783) Table 3"),
     "mistral-7b": _llama(32, 4096, 32, 8, 14336, 32000, 8192, "Jiang et al. 2023 (arXiv 2310.06825) Table 1"),
+    "mixtral-8x7b": _moe(_llama(32, 4096, 32, 8, 14336, 32000, 4096, _MIXTRAL), 8, 2, 14336, 0.02, _MIXTRAL),
+    "mixtral-8x22b": _moe(_llama(56, 6144, 48, 8, 16384, 32768, 4096, _MIXTRAL), 8, 2, 16384, 0.001, _MIXTRAL),
+    "qwen3-30b-a3b": _moe(_llama(48, 2048, 32, 4, 6144, 151936, 4096, _QWEN3), 128, 8, 768, 0.001, _QWEN3,
+                          kv_channels=128),
+    "qwen3-235b-a22b": _moe(_llama(94, 4096, 64, 4, 12288, 151936, 4096, _QWEN3), 128, 8, 1536, 0.001, _QWEN3,
+                            kv_channels=128),
+    "llama3-8b-128k": _long(_llama(32, 4096, 32, 8, 14336, 128256, 8192, _LLAMA31), 131072, _LLAMA31),
+    "llama3-70b-128k": _long(_llama(80, 8192, 64, 8, 28672, 128256, 8192, _LLAMA31), 131072, _LLAMA31),
+    "llama3-405b-128k": _long(_llama(126, 16384, 128, 8, 53248, 128256, 8192, _LLAMA31), 131072, _LLAMA31),
+    "llama2-7b-32k": _long(_llama(32, 4096, 32, 32, 11008, 32000, 4096, "Touvron et al. 2023 (Llama 2), HF config"),
+                           32768, "Llama 2 7B shape at 32K context (Xiong et al. 2023, Effective Long-Context "
+                           "Scaling, arXiv 2309.16039)"),
     # Small enough to train for real on a laptop CPU in seconds (the demo and the integration tests).
     "tiny-gpt": {**_GPT, "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512,
                  "seq_length": 128, "_source": "orch's CPU test model"},
+    # The same with 4 routed experts (top-2) in every layer: trains with expert parallelism on CPU.
+    "tiny-moe": {**_GPT, "num_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 512,
+                 "seq_length": 128, "moe": {"num_experts": 4, "router_topk": 2, "ffn_hidden_size": 256,
+                                            "aux_loss_coeff": 0.01},
+                 "_source": "orch's CPU test model"},
 }
 
 

@@ -27,9 +27,10 @@ def command(sources, as_json: bool, plot_path: str | None, warmup: int | None, w
 
     Prints the layout and spec fields that differ; per run the steps, median and p90 step time,
     tokens/s, TFLOP/s per GPU, MFU, bubble, all-reduce overhead, exposed communication and peak memory
-    (warm-up steps left out); predicted (plan.json) against measured with the error in %; and the winner
-    with the main reason it won (none when the runs train different models). Exit 0, or 2 when a RUN
-    cannot be used (every bad one is listed).
+    (warm-up steps left out), and for MoE / context-parallel runs the all-to-all time, expert load
+    imbalance, dropped tokens and aux loss; predicted (plan.json) against measured with the error in %; and
+    the winner with the main reason it won (none when the runs train different models). Exit 0, or 2 when a
+    RUN cannot be used (every bad one is listed).
     """
     from ..compare import compare
 
@@ -111,6 +112,11 @@ PREDICTION_ROWS = (("step_time_s", "step time s", "{:.4g}"), ("tokens_per_s", "t
                    ("tflops_per_gpu", "TFLOP/s per GPU", "{:.4g}"), ("mfu", "MFU", "{:.1%}"),
                    ("bubble_fraction", "bubble fraction", "{:.1%}"), ("allreduce_time_s", "all-reduce s", "{:.4g}"),
                    ("allreduce_overhead", "all-reduce overhead", "{:.1%}"), ("mem_peak_bytes", "peak memory GiB", "gib"))
+# MoE and context parallelism (issue 10): shown for runs that measured them.
+OPTIONAL_PREDICTION_ROWS = (("alltoall_time_s", "all-to-all s", "{:.4g}"),
+                            ("expert_load_imbalance", "expert load imbalance", "{:.3f}"),
+                            ("tokens_dropped_fraction", "tokens dropped", "{:.1%}"),
+                            ("moe_aux_loss", "MoE aux loss", "{:.4g}"))
 BREAKDOWN_ROWS = (("compute_s", "breakdown: compute s"), ("bubble_s", "breakdown: bubble s"),
                   ("exposed_comm_s", "breakdown: exposed comm s"), ("other_s", "breakdown: other s"))
 PREDICTION_COLUMNS = (Column("metric", "left", keep=True, wrap=True), Column("predicted", keep=True),
@@ -121,8 +127,10 @@ def prediction_table(run, width: int, wide: bool, style: bool) -> str:
     from ..compare import error_pct
 
     errors = run.errors
-    rows = [[name, _fmt(run.predicted.get(key), fmt), _fmt(run.measured.get(key), fmt), _pct(errors[key])]
-            for key, name, fmt in PREDICTION_ROWS]
+    shown = PREDICTION_ROWS + tuple(r for r in OPTIONAL_PREDICTION_ROWS if run.measured.get(r[0]) is not None
+                                    and (r[0] != "alltoall_time_s" or run.measured[r[0]] > 0))
+    rows = [[name, _fmt(run.predicted.get(key), fmt), _fmt(run.measured.get(key), fmt), _pct(errors.get(key))]
+            for key, name, fmt in shown]
     for key, name in BREAKDOWN_ROWS:
         pred, meas = run.breakdown_predicted.get(key), run.breakdown_measured.get(key)
         rows.append([name, _fmt(pred, "{:.4g}"), _fmt(meas, "{:.4g}"), _pct(error_pct(pred, meas))])

@@ -1,8 +1,9 @@
 """What one GPU and its links deliver for this spec: catalog facts scaled by the cost model.
 
 :class:`Hardware` is a small hashable record so the estimators can cache on it. Bandwidths are bytes per
-second. The spec's ``cluster.*_bandwidth_GBps`` are measurements and replace the catalog figures as they
-are; catalog figures are scaled by the cost model's link efficiencies.
+second. Bandwidths measured by ``orch doctor`` (the cost model's ``*_bandwidth_GBps``, from ``--measured``)
+come first, then the spec's ``cluster.*_bandwidth_GBps`` (measurements too), used as they are; catalog
+figures are scaled by the cost model's link efficiencies.
 """
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from .cost import CostModel
 
 GB = 1e9
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# fp8 training (Transformer Engine) keeps bf16 weights, gradients and activations between layers; only
+# the GEMM inputs are cast to fp8 (TE docs, "Using FP8 with Transformer Engine").
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+# The peak MFU is measured against: for fp8 the bf16 dense peak, as NVIDIA's and Megatron-Core's
+# published MFU figures for FP8 runs do (the fp8 GEMM rate enters the compute time, estimate/precision.py).
+MFU_PEAK_PRECISION = {"fp8": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -50,10 +56,13 @@ def hardware_for(spec: Spec, cost: CostModel) -> Hardware:
     """The Hardware record of ``spec.cluster`` under ``cost``."""
     gpu = GPUS[spec.cluster.gpu]
     c = spec.cluster
-    intra = c.intra_node_bandwidth_GBps or gpu.intra_node_bandwidth_GBps * cost.intra_node_efficiency
-    inter = c.inter_node_bandwidth_GBps or gpu.inter_node_bandwidth_GBps * cost.inter_node_efficiency
+    intra = (cost.intra_node_bandwidth_GBps or c.intra_node_bandwidth_GBps
+             or gpu.intra_node_bandwidth_GBps * cost.intra_node_efficiency)
+    inter = (cost.inter_node_bandwidth_GBps or c.inter_node_bandwidth_GBps
+             or gpu.inter_node_bandwidth_GBps * cost.inter_node_efficiency)
     return Hardware(
-        name=gpu.name, peak_flops=gpu.peak_for(spec.training.precision),
+        name=gpu.name, peak_flops=gpu.peak_for(MFU_PEAK_PRECISION.get(spec.training.precision,
+                                                                      spec.training.precision)),
         matmul_efficiency=_override(cost.matmul_efficiency, gpu.matmul_efficiency * gpu.sustained_clock_fraction),
         attention_efficiency=_override(cost.attention_efficiency,
                                        gpu.attention_efficiency * gpu.sustained_clock_fraction),

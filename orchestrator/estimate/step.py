@@ -109,7 +109,8 @@ class LayoutEstimate:
         if lay.account_split:
             split["account_for_embedding_loss"] = True
         return split | {
-            "engine": self.engine, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "zero_stage": lay.zero_stage,
+            "engine": self.engine, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "cp": lay.cp,
+            "ep": lay.ep, "etp": lay.etp, "zero_stage": lay.zero_stage,
             "micro_batch_size": lay.micro_batch_size, "grad_accum_steps": self.grad_accum_steps,
             "num_microbatches": self.num_microbatches, "sequence_parallel": lay.sequence_parallel,
             "recompute": lay.recompute, "offload": lay.offload, "tag": lay.tag(),

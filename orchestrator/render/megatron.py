@@ -29,6 +29,7 @@ How the layout maps onto Megatron-LM:
   then exactly vocab_size, padded to a multiple of 128 * tp as :func:`orchestrator.layout.padded_vocab_size`
   predicts. A dataset path -> ``--data-path`` with the spec's tokenizer (HuggingFace) or, without one,
   the same null tokenizer (pre-tokenized ids < vocab_size).
+* MoE, context parallelism, FP8 and kv_channels: :mod:`orchestrator.render.megatron_moe`.
 * The spec has no dropout field: orch trains without dropout (``--attention-dropout 0 --hidden-dropout 0``).
 
 ``megatron_config.json`` holds ``TransformerConfig`` (+ ``ModelParallelConfig``) keyword arguments. JSON
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 from ..catalog.gpus import GPUS
 from ..plan import Plan
+from .megatron_moe import context_args, context_fp8_config, fp8_args, kv_channels_args, moe_args, moe_config
 
 MEGATRON_LM_TAG = "core_v0.16.1"
 SPLIT = "949,50,1"           # train/valid/test weights for --data-path (Megatron's classic example value)
@@ -50,7 +52,7 @@ EVAL_ITERS = 10              # validation batches per evaluation (at every check
 
 # TransformerConfig fields whose JSON value is the dotted name of a Python object.
 OBJECT_FIELDS = ("activation_func", "attention_backend", "params_dtype", "pipeline_dtype")
-_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32", "fp8": "torch.bfloat16"}
 _ATTENTION_BACKEND = "megatron.core.transformer.enums.AttnBackend."
 _SHARDING = {2: "optim_grads", 3: "optim_grads_params"}   # Megatron FSDP strategy per ZeRO stage
 _DECAY = {"cosine": "cosine", "linear": "linear", "constant": "constant"}
@@ -90,6 +92,7 @@ def _parallel_args(plan: Plan) -> list[str]:
         args.append("--sequence-parallel")
         if uses_tp_comm_overlap(plan):
             args.append("--tp-comm-overlap")  # what the cost model assumed (estimate/step.py)
+    args += context_args(plan) + moe_args(plan)
     return args + _data_parallel_args(plan) + _recompute_args(plan)
 
 
@@ -132,6 +135,7 @@ def _model_args(plan: Plan) -> list[str]:
     args = ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size),
             "--num-attention-heads", str(m.num_attention_heads), "--ffn-hidden-size", str(m.ffn_hidden_size),
             "--seq-length", str(m.seq_length), "--max-position-embeddings", str(m.seq_length)]
+    args += kv_channels_args(plan)
     if m.num_query_groups != m.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(m.num_query_groups)]
     if m.gated_mlp:
@@ -148,6 +152,8 @@ def _model_args(plan: Plan) -> list[str]:
 
 def _precision_args(plan: Plan) -> list[str]:
     precision = plan.spec.training.precision
+    if precision == "fp8":
+        return fp8_args(plan)
     if precision == "bf16":
         return ["--bf16"]
     if precision == "fp16":
@@ -232,10 +238,10 @@ def _runtime_args(plan: Plan) -> list[str]:
 def megatron_env(plan: Plan) -> dict[str, str]:
     """Environment Megatron-LM needs for this plan (values unquoted).
 
-    Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp > 1 (before Blackwell), and asserts that it
+    Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp > 1 or cp > 1 (before Blackwell), and asserts that it
     is NOT 1 with Megatron FSDP (ZeRO-2/3 here), which then only warns about tp > 1.
     """
-    if plan.layout.tp > 1 and not uses_megatron_fsdp(plan):
+    if (plan.layout.tp > 1 or plan.layout.cp > 1) and not uses_megatron_fsdp(plan):
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     return {}
 
@@ -289,14 +295,14 @@ def render_megatron_config(plan: Plan) -> dict:
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
         "attention_backend": _ATTENTION_BACKEND + _attention_backend(plan),
-        "bf16": t.precision == "bf16",
+        "bf16": t.precision in ("bf16", "fp8"),
         "fp16": t.precision == "fp16",
         "params_dtype": _DTYPES[t.precision],
         "pipeline_dtype": _DTYPES[t.precision],
         "use_cpu_initialization": plan.spec.cluster.gpu == "cpu",
         "deallocate_pipeline_outputs": True,
     }
-    return config | _split_config(plan) | _recompute_config(plan)
+    return config | _split_config(plan) | _recompute_config(plan) | moe_config(plan) | context_fp8_config(plan)
 
 
 def _split_config(plan: Plan) -> dict:

@@ -77,6 +77,27 @@ def predicted_values(chosen: dict) -> dict:
     exposed = comm.get("dp_exposed_s", comm.get("exposed_s"))
     if isinstance(exposed, (int, float)):
         out["predicted/comm_exposed_s"] = exposed
+    out.update(_predicted_moe_cp(chosen, comm))
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _predicted_moe_cp(chosen: dict, comm: dict) -> dict:
+    """MoE and context parallelism (issue 10). Measured alltoall_time_s covers every all-to-all: the expert
+    dispatch and combine (``comm.ep_s``) and, with the DeepSpeed engine, the Ulysses exchanges
+    (``comm.cp_s``; with Megatron cp_s is the K/V ring, point-to-point, not an all-to-all). The load
+    imbalance prediction is plan.json's ``moe.load_imbalance`` (or ``expert_load_imbalance``) when it has one."""
+    out = {}
+    parts = [comm.get("ep_s")] + ([comm.get("cp_s")] if chosen.get("engine") == "deepspeed" else [])
+    if any(_number(p) for p in parts) and (chosen.get("ep", 1) or 1) * (chosen.get("cp", 1) or 1) > 1:
+        out["predicted/alltoall_time_s"] = sum(p for p in parts if _number(p))
+    moe = chosen.get("moe") if isinstance(chosen.get("moe"), dict) else {}
+    imbalance = moe.get("load_imbalance", chosen.get("expert_load_imbalance"))
+    if _number(imbalance):
+        out["predicted/expert_load_imbalance"] = imbalance
     return out
 
 
@@ -119,6 +140,15 @@ class WandbSink:
 
     def write(self, record: MetricsRecord) -> None:
         self.run.log(record_dict(record))
+
+    def alert(self, title: str, text: str) -> None:
+        """A W&B alert (a warning); offline, or when W&B refuses it, a note on stderr and training goes on."""
+        try:
+            import wandb  # noqa: PLC0415
+
+            self.run.alert(title=title, text=text, level=wandb.AlertLevel.WARN, wait_duration=300)
+        except Exception as e:  # noqa: BLE001  (an alert must never stop training)
+            print(f"[orch-train] note: W&B alert not sent ({e.__class__.__name__}: {e})", file=sys.stderr, flush=True)
 
     def close(self, *, exit_code: int = 0) -> None:
         self.run.finish(exit_code=exit_code)

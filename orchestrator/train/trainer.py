@@ -110,7 +110,8 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
 
     from .data import build_dataset  # noqa: PLC0415
     from .engine import build_engine  # noqa: PLC0415
-    from .session import TelemetrySession  # noqa: PLC0415
+    from ..telemetry.comm import ALLTOALL  # noqa: PLC0415
+    from .session import TelemetrySession, resolved_layout  # noqa: PLC0415
 
     if os.environ.get("RANK", "0") == "0" and get_accelerator().device_name() == "cpu":
         from .ops import build_note  # noqa: PLC0415
@@ -126,8 +127,10 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
     session = TelemetrySession(run_dir, engine_name="deepspeed", rank=rank, enabled=options.telemetry,
                                synchronize=synchronize)
     session.install_comm(ds_comm.cdb)
+    session.install_comm(dist, ALLTOALL)      # the trainer's own all-to-alls (MoE dispatch, Ulysses)
     session.start_wandb(run_dir)
-    engine = build_engine(spec, run_dir.ds_config, build_dataset(spec, run_dir.path), session.busy)
+    engine = build_engine(spec, run_dir.ds_config, build_dataset(spec, run_dir.path), session.busy,
+                          resolved_layout(run_dir))
     session.comm.set_dp_ranks(engine.dp_ranks)
     code = train_loop(run_dir, options, engine, session, rank)
     engine.close()
@@ -217,7 +220,7 @@ def train_loop(run_dir, options: TrainOptions, engine, session, rank: int) -> in
             telemetry.begin()
             result = engine.train_step(step)
             _, stop_now = telemetry.end(step=step, loss=result.loss, lr=result.lr, grad_norm=result.grad_norm,
-                                        stop_requested=stop.requested is not None)
+                                        stop_requested=stop.requested is not None, moe_counts=result.moe_counts)
             if stop_now or step % interval == 0 or step == last:
                 engine.save(ckpt_dir, step)
                 saved = step

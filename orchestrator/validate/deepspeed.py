@@ -359,8 +359,9 @@ def _section_type(section: dict, label: str, name: Any, path: str, known_ok: boo
 
 def check_batch(config: dict, *, world_size: int | None, model_parallel_size: int = 1,
                 path: str = "ds_config.json") -> list[Problem]:
-    """The three batch keys agree with each other and with dp = world_size / model_parallel_size."""
-    problems, dp = _data_parallel_size(world_size, model_parallel_size, path)
+    """The three batch keys agree with each other and with dp = world_size / model_parallel_size (and / the
+    config's sequence_parallel_size, the Ulysses degree, as DeepSpeed's own batch check divides)."""
+    problems, dp = _data_parallel_size(world_size, model_parallel_size * _sequence_parallel_size(config), path)
     values: dict[str, int] = {}
     for key in BATCH_KEYS:
         value = config.get(key)
@@ -385,6 +386,12 @@ def _with_model_parallel_hint(problem: Problem, world_size: int) -> Problem:
     extra = (f"dp({world_size}) assumes every GPU is data parallel; if the run uses tensor or pipeline "
              f"parallelism, pass --model-parallel-size (tp * pp), e.g. tp 2 gives dp = {world_size} / 2")
     return Problem(problem.path, problem.message, f"{problem.hint}; {extra}" if problem.hint else extra)
+
+
+def _sequence_parallel_size(config: dict) -> int:
+    """DeepSpeed-Ulysses' degree when the config gives a whole one (other values are reported elsewhere)."""
+    value = config.get("sequence_parallel_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 def _data_parallel_size(world_size: int | None, model_parallel_size: int,
@@ -462,7 +469,7 @@ def check_ds_config_with_deepspeed(config: dict, *, world_size: int, model_paral
     """
     if world_size is None:
         raise TypeError("check_ds_config_with_deepspeed needs a world_size (validate_ds_config_file infers one)")
-    problems, dp = _data_parallel_size(world_size, model_parallel_size, path)
+    problems, dp = _data_parallel_size(world_size, model_parallel_size * _sequence_parallel_size(config), path)
     if problems:
         return problems
     return probe_ds_configs([ProbeRequest(config, dp, path)])[0].problems

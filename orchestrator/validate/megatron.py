@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -399,7 +400,8 @@ def _megatron_lm_problems(tokens: list[str], args: MegatronArgs, world_size: int
 def expected_launch_env(args: MegatronArgs) -> dict[str, str]:
     """What orch's launch scripts export for these arguments (see render.megatron.megatron_env)."""
     fsdp = args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2")
-    if (args.get("tensor_model_parallel_size") or 1) > 1 and not fsdp:
+    model_parallel = max(args.get("tensor_model_parallel_size") or 1, args.get("context_parallel_size") or 1)
+    if model_parallel > 1 and not fsdp:
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     return {}
 
@@ -441,6 +443,20 @@ def config_from_args(args: MegatronArgs) -> dict:
         config["recompute_granularity"] = "selective"
     if "attention_backend" in config:
         config["attention_backend"] = "megatron.core.transformer.enums.AttnBackend." + config["attention_backend"]
+    if isinstance(config.get("moe_layer_freq"), str):
+        del config["moe_layer_freq"]   # a list expression: moe_config_from_args reads orch's form
+    return config | moe_config_from_args(args)
+
+
+def moe_config_from_args(args: MegatronArgs) -> dict:
+    """The MoE fields whose TransformerConfig names differ from Megatron-LM's (core_transformer_config_from_args)."""
+    if not args.get("num_experts"):
+        return {}
+    config = {"num_moe_experts": args.get("num_experts")}
+    freq = args.get("moe_layer_freq")
+    match = re.fullmatch(r"\(\[0\]\*(\d+)\+\[1\]\*(\d+)\)", freq) if isinstance(freq, str) else None
+    if match:   # the form orch writes: k dense layers, then MoE layers (others: Megatron-LM's check reads them)
+        config["moe_layer_freq"] = [0] * int(match[1]) + [1] * int(match[2])
     return config
 
 

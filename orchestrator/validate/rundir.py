@@ -34,7 +34,8 @@ def check_plan_agrees(run: RunDir) -> list[Problem]:
     problems = [Problem(f"{where}.{key}", f"{chosen.get(key)!r} but spec.resolved.yaml says {value!r}",
                         "re-run `orch generate --force`")
                 for key, value in (("tp", lay.tp), ("pp", lay.pp), ("dp", lay.dp), ("zero_stage", lay.zero_stage),
-                                   ("micro_batch_size", lay.micro_batch_size)) if chosen.get(key) != value]
+                                   ("micro_batch_size", lay.micro_batch_size), ("cp", lay.cp), ("ep", lay.ep),
+                                   ("etp", lay.etp)) if chosen.get(key, 1 if key in ("cp", "ep", "etp") else None) != value]
     expect = {"train_batch_size": run.spec.training.global_batch_size,
               "train_micro_batch_size_per_gpu": lay.micro_batch_size,
               "gradient_accumulation_steps": chosen.get("grad_accum_steps")}

@@ -150,7 +150,9 @@ def test_json_shape(two_runs):
                         "predicted", "error_pct", "breakdown", "series"}
     assert run["steps"] == {"recorded": 8, "first": 1, "last": 8, "warmup": 3, "measured": 5}
     assert set(run["measured"]) == set(cmp.PREDICTED_KEYS) | {"step_time_p90_s"}
-    assert set(run["error_pct"]) == set(cmp.PREDICTED_KEYS) and set(run["predicted"]) == set(cmp.PREDICTED_KEYS)
+    assert set(run["error_pct"]) == set(cmp.PREDICTED_KEYS)
+    assert set(run["predicted"]) == set(cmp.PREDICTED_KEYS) - set(cmp.OPTIONAL_MEDIAN_KEYS)   # a dense run
+    assert all(run["measured"][k] is None for k in cmp.OPTIONAL_MEDIAN_KEYS)
     assert set(run["breakdown"]["measured"]) == set(cmp.COMPONENTS)
     assert run["series"]["step"] == list(range(1, 9))
     assert json.loads(json.dumps(data)) == data

@@ -39,7 +39,7 @@ def test_fixed_fields_constrain_the_search():
     s = spec(tensor=2, recompute="full", zero_stage=1)
     lays = list(enumerate_layouts(s))
     assert lays and all(l.tp == 2 and l.recompute == "full" and l.zero_stage == 1 for l in lays)
-    assert all(l.tp * l.pp * l.dp == 16 for l in lays)
+    assert all(l.tp * l.cp * l.pp * l.dp == 16 for l in lays)
 
 
 def test_fully_fixed_spec_has_one_candidate():

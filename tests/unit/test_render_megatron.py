@@ -245,3 +245,27 @@ def test_flag_table_matches_the_targeted_tag():
 
     table = json.loads((ROOT / "schemas" / "megatron_lm_args.json").read_text())
     assert table["megatron_lm_tag"] == MEGATRON_LM_TAG and len(table["flags"]) > 600
+
+
+def test_moe_context_fp8_flags_and_config():
+    mix = plan_for("mixtral-tp2-ep8-sp")
+    v = values(render_megatron_args(mix))
+    assert v["--num-experts"] == ["8"] and v["--moe-router-topk"] == ["2"] and v["--moe-ffn-hidden-size"] == ["14336"]
+    assert v["--expert-model-parallel-size"] == ["8"] and v["--expert-tensor-parallel-size"] == ["1"]
+    assert v["--moe-token-dispatcher-type"] == ["alltoall"] and "--moe-grouped-gemm" in v
+    assert "--moe-expert-capacity-factor" not in v          # dropless
+    small = plan_for("moe-top1-capacity-shared-dense-etp2")
+    v = values(render_megatron_args(small))
+    assert v["--moe-layer-freq"] == ["([0]*2+[1]*22)"] and "--moe-router-pre-softmax" in v
+    assert v["--moe-expert-capacity-factor"] == ["1.25"] and v["--moe-shared-expert-intermediate-size"] == ["4096"]
+    assert render_megatron_config(small)["moe_layer_freq"] == [0, 0] + [1] * 22
+    cp = plan_for("llama-128k-tp4-cp4-fp8")
+    v = values(render_megatron_args(cp))
+    assert v["--context-parallel-size"] == ["4"] and v["--cp-comm-type"] == ["p2p"]
+    assert v["--fp8-format"] == ["hybrid"] and v["--fp8-recipe"] == ["delayed"] and "--bf16" in v
+    config = render_megatron_config(cp)
+    assert config["context_parallel_size"] == 4 and config["fp8"] == "hybrid" and config["bf16"] is True
+    assert megatron_env(cp) == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    qwen = plan_for("qwen3-kv128-ep8-pp2-fp8")
+    assert values(render_megatron_args(qwen))["--kv-channels"] == ["128"]
+    assert render_megatron_config(qwen)["kv_channels"] == 128

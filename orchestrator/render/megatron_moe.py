@@ -1,0 +1,106 @@
+"""Megatron-LM arguments and TransformerConfig fields for MoE, context parallelism, FP8 and kv_channels.
+
+Pure functions of the Plan, composed by :mod:`orchestrator.render.megatron`. Flags of Megatron-LM
+``core_v0.16.1`` (``megatron/training/arguments.py``); config fields of Megatron-Core 0.16.1's
+``TransformerConfig`` / ``ModelParallelConfig``:
+
+* MoE -> ``--num-experts --moe-router-topk --moe-ffn-hidden-size --expert-model-parallel-size
+  --expert-tensor-parallel-size`` (always written: Megatron's default etp is tp), ``--moe-grouped-gemm``
+  (TE's grouped GEMM: one kernel for the rank's local experts), ``--moe-token-dispatcher-type alltoall``
+  (the dispatcher for ep > 1 in the Megatron-Core MoE docs), ``--moe-router-load-balancing-type aux_loss
+  --moe-aux-loss-coeff``; top-1 routing also needs ``--moe-router-pre-softmax`` (TransformerConfig refuses
+  top-1 without it). A capacity factor -> ``--moe-expert-capacity-factor`` with the ``probs`` drop policy
+  (dropless otherwise); a shared expert -> ``--moe-shared-expert-intermediate-size``; leading dense layers
+  -> ``--moe-layer-freq`` as Megatron's list expression ``([0]*k+[1]*(L-k))``.
+* cp > 1 -> ``--context-parallel-size cp --cp-comm-type p2p`` (the ring exchange the cost model assumes).
+* fp8 -> ``--bf16 --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024
+  --fp8-amax-compute-algo max``: E4M3 forward and E5M2 gradients with delayed scaling, Transformer
+  Engine's Hopper recipe (TE docs "Using FP8 with Transformer Engine"; the NeMo FP8 defaults).
+* kv_channels -> ``--kv-channels`` (only when set: the head dimension is then not hidden / heads).
+"""
+from __future__ import annotations
+
+from ..plan import Plan
+
+DISPATCHER = "alltoall"
+CP_COMM_TYPE = "p2p"
+FP8_FORMAT, FP8_RECIPE, FP8_AMAX_HISTORY, FP8_AMAX_ALGO = "hybrid", "delayed", 1024, "max"
+LOAD_BALANCING = "aux_loss"
+DROP_POLICY = "probs"
+
+
+def moe_layer_freq(num_layers: int, first_dense: int) -> str:
+    """Megatron's --moe-layer-freq list expression: 0 = dense layer, 1 = MoE layer."""
+    return f"([0]*{first_dense}+[1]*{num_layers - first_dense})"
+
+
+def moe_args(plan: Plan) -> list[str]:
+    moe, lay = plan.spec.model.moe, plan.layout
+    if moe is None:
+        return []
+    args = ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.router_topk),
+            "--moe-ffn-hidden-size", str(moe.ffn_hidden_size), "--expert-model-parallel-size", str(lay.ep),
+            "--expert-tensor-parallel-size", str(lay.etp), "--moe-token-dispatcher-type", DISPATCHER,
+            "--moe-router-load-balancing-type", LOAD_BALANCING, "--moe-aux-loss-coeff", str(moe.aux_loss_coeff)]
+    if plan.spec.cluster.gpu != "cpu":
+        args.append("--moe-grouped-gemm")
+    if moe.router_topk == 1:
+        args.append("--moe-router-pre-softmax")
+    if moe.capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", str(moe.capacity_factor), "--moe-token-drop-policy", DROP_POLICY]
+    if moe.shared_expert_ffn_hidden_size:
+        args += ["--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)]
+    if moe.first_dense_layers:
+        args += ["--moe-layer-freq", moe_layer_freq(plan.spec.model.num_layers, moe.first_dense_layers)]
+    return args
+
+
+def context_args(plan: Plan) -> list[str]:
+    cp = plan.layout.cp
+    return ["--context-parallel-size", str(cp), "--cp-comm-type", CP_COMM_TYPE] if cp > 1 else []
+
+
+def fp8_args(plan: Plan) -> list[str]:
+    if plan.spec.training.precision != "fp8":
+        return []
+    return ["--bf16", "--fp8-format", FP8_FORMAT, "--fp8-recipe", FP8_RECIPE,
+            "--fp8-amax-history-len", str(FP8_AMAX_HISTORY), "--fp8-amax-compute-algo", FP8_AMAX_ALGO]
+
+
+def kv_channels_args(plan: Plan) -> list[str]:
+    kv = plan.spec.model.kv_channels
+    return ["--kv-channels", str(kv)] if kv is not None else []
+
+
+def moe_config(plan: Plan) -> dict:
+    """TransformerConfig fields of the MoE layers (none for a dense model)."""
+    moe, lay = plan.spec.model.moe, plan.layout
+    if moe is None:
+        return {}
+    config = {"num_moe_experts": moe.num_experts, "moe_router_topk": moe.router_topk,
+              "moe_ffn_hidden_size": moe.ffn_hidden_size, "expert_model_parallel_size": lay.ep,
+              "expert_tensor_parallel_size": lay.etp, "moe_token_dispatcher_type": DISPATCHER,
+              "moe_grouped_gemm": plan.spec.cluster.gpu != "cpu",
+              "moe_router_load_balancing_type": LOAD_BALANCING, "moe_aux_loss_coeff": moe.aux_loss_coeff,
+              "moe_router_pre_softmax": moe.router_topk == 1}
+    if moe.capacity_factor is not None:
+        config |= {"moe_expert_capacity_factor": moe.capacity_factor, "moe_token_drop_policy": DROP_POLICY}
+    if moe.shared_expert_ffn_hidden_size:
+        config["moe_shared_expert_intermediate_size"] = moe.shared_expert_ffn_hidden_size
+    if moe.first_dense_layers:
+        n = plan.spec.model.num_layers
+        config["moe_layer_freq"] = [0] * moe.first_dense_layers + [1] * (n - moe.first_dense_layers)
+    return config
+
+
+def context_fp8_config(plan: Plan) -> dict:
+    """TransformerConfig fields of context parallelism, FP8 and kv_channels (only those in use)."""
+    config: dict = {}
+    if plan.layout.cp > 1:
+        config |= {"context_parallel_size": plan.layout.cp, "cp_comm_type": CP_COMM_TYPE}
+    if plan.spec.training.precision == "fp8":
+        config |= {"fp8": FP8_FORMAT, "fp8_recipe": FP8_RECIPE, "fp8_amax_history_len": FP8_AMAX_HISTORY,
+                   "fp8_amax_compute_algo": FP8_AMAX_ALGO}
+    if plan.spec.model.kv_channels is not None:
+        config["kv_channels"] = plan.spec.model.kv_channels
+    return config
