@@ -103,15 +103,9 @@ def predict(obs: Observation, cost: CostModel) -> dict:
 
 def reduction_time_s(spec: Spec, lay: Layout, cost: CostModel) -> float:
     """Time of one step's data-parallel gradient reductions alone (no parameter all-gathers)."""
-    from .estimate.comm import group_placement, reduce_scatter_s  # noqa: PLC0415
-    from .estimate.step import EstimateContext, params_of  # noqa: PLC0415
+    from .estimate import estimate_layout  # noqa: PLC0415
 
-    ctx = EstimateContext.of(spec, cost)
-    params = params_of(ctx, lay)
-    one = reduce_scatter_s(params.per_gpu * ctx.hw.dtype_bytes, group_placement(lay.dp, lay.tp, ctx.hw.gpus_per_node),
-                           ctx.hw)
-    microbatches = spec.training.global_batch_size // (lay.micro_batch_size * lay.dp)
-    return one * {0: 2, 1: 1}.get(lay.zero_stage, microbatches)
+    return estimate_layout(spec, lay, cost).comm.dp_reduce_s
 
 
 def log_errors(observations: list[Observation], cost: CostModel) -> list[float]:

@@ -228,10 +228,24 @@ def rule_stage_layers(spec: Spec, lay: Layout) -> Problem | None:
 
 
 def rule_vpp_needs_pp(spec: Spec, lay: Layout) -> Problem | None:
-    if _known(lay.vpp, lay.pp) and lay.vpp > 1 and lay.pp <= 2:
-        return Problem(FIELD_PATHS["vpp"], f"virtual_pipeline({lay.vpp}) needs pipeline > 2, got pp({lay.pp})",
-                       "set virtual_pipeline: 1, or pipeline >= 3 (Megatron's interleaved schedule)")
+    """Interleaving is Megatron's schedule: DeepSpeed's pipeline engine has none. Megatron-LM core_v0.16.1
+    runs it from pp = 2 with its default p2p overlap (--overlap-p2p-communication; pp > 2 only without)."""
+    if not (_known(lay.vpp) and lay.vpp > 1):
+        return None
+    if engine_of(spec) == "deepspeed":
+        return Problem(FIELD_PATHS["vpp"], f"virtual_pipeline({lay.vpp}) needs training.engine megatron: "
+                       "DeepSpeed's pipeline engine has no interleaved schedule",
+                       "set virtual_pipeline: 1, or training.engine: megatron")
+    if _known(lay.pp) and lay.pp < 2:
+        return Problem(FIELD_PATHS["vpp"], f"virtual_pipeline({lay.vpp}) needs pipeline >= 2, got pp({lay.pp})",
+                       "set virtual_pipeline: 1, or pipeline >= 2 (Megatron's interleaved schedule)")
     return None
+
+
+def engine_of(spec: Spec) -> str:
+    """training.engine, resolved (a spec built without parse_spec may leave it None)."""
+    from .spec import default_engine  # noqa: PLC0415
+    return spec.training.engine or default_engine(spec.cluster.gpu)
 
 
 def rule_vpp_microbatches(spec: Spec, lay: Layout) -> Problem | None:
@@ -272,8 +286,11 @@ def rule_sequence_parallel(spec: Spec, lay: Layout) -> Problem | None:
 
 def rule_pipeline_zero(spec: Spec, lay: Layout) -> Problem | None:
     if _known(lay.pp, lay.zero_stage) and lay.pp > 1 and lay.zero_stage >= 2:
-        return Problem(FIELD_PATHS["zero_stage"], f"DeepSpeed's pipeline engine does not support ZeRO-"
-                       f"{lay.zero_stage} (pp({lay.pp}) > 1)", "use zero_stage 0 or 1 with pipeline > 1")
+        what = ("DeepSpeed's pipeline engine does not support" if engine_of(spec) == "deepspeed" else
+                "orch runs Megatron's ZeRO-2/3 on Megatron FSDP, which it does not combine with pipeline "
+                "parallelism; it does not plan")
+        return Problem(FIELD_PATHS["zero_stage"], f"{what} ZeRO-{lay.zero_stage} with pp({lay.pp}) > 1",
+                       "use zero_stage 0 or 1 (Megatron: the distributed optimizer) with pipeline > 1")
     return None
 
 

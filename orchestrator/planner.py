@@ -6,8 +6,8 @@ parallelism stays inside a node); pp = divisors of world / tp up to num_layers: 
 num_layers split evenly, the others take the balanced uneven split (:func:`orchestrator.stages.balanced_split`:
 first and last stage lighter, middle stages equal; Llama 3 405B and BLOOM-176B ran such splits) and are
 skipped when it does not exist; first_stage_layers / last_stage_layers given in the spec are kept for
-every pp. dp = world / (tp*pp); micro-batch = divisors of global_batch / dp; vpp = 1, or (pp > 2 and
-the micro-batch count a multiple of pp) the divisors of the per-stage layer count, with an uneven split
+every pp. dp = world / (tp*pp); micro-batch = divisors of global_batch / dp; vpp = 1, or (engine megatron,
+pp >= 2 and the micro-batch count a multiple of pp) the divisors of the per-stage layer count, with an uneven split
 those v for which every stage's count divides by v (the balanced split is recomputed per v); sequence
 parallel when tp > 1; recompute none /
 selective / full (selective is the same as none with flash attention, so it is skipped there); ZeRO 0-3
@@ -31,7 +31,7 @@ from .errors import Problem, SpecError
 from .estimate.comm import group_placement
 from .estimate.cost import CostModel
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
-from .layout import FIELD_PATHS, Layout, check_layout, layout_from_spec
+from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
 from .spec import ParallelismSpec, Spec
 from .stages import balanced_split, split_issues, stage_split
 
@@ -165,7 +165,7 @@ def expert_options(spec: Spec, fixed: Layout, tp: int, ranks_per_stage: int, dp:
 def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator[Layout]:
     tp, pp, dp = d["tp"], d["pp"], d["dp"]
     n = spec.model.num_layers
-    for vpp in _opt(fixed.vpp, _vpp_options(n, pp, num_mb, fixed)):
+    for vpp in _opt(fixed.vpp, _vpp_options(n, pp, num_mb, fixed) if engine_of(spec) == "megatron" else [1]):
         split = _split_for(n, pp, vpp, fixed)
         if split is None:
             continue
@@ -210,7 +210,7 @@ def _split_for(num_layers: int, pp: int, vpp: int, fixed: Layout) -> tuple | Non
 
 
 def _vpp_options(num_layers: int, pp: int, num_mb: int, fixed: Layout | None = None) -> list[int]:
-    if pp <= 2 or num_mb % pp:
+    if pp < 2 or num_mb % pp:
         return [1]
     if fixed is not None and fixed.is_uneven:
         first, last = fixed.first_stage_layers, fixed.last_stage_layers

@@ -40,7 +40,7 @@ BLOOM_176B = {
     "cluster": {"gpus": 384, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8},
     "global_batch": 2048,
     "published": {"tp": 4, "pp": 12, "dp": 8, "micro_batch": 2, "zero_stage": 1, "recompute": "full",
-                  "precision": "bf16", "tflops_per_gpu": 150},
+                  "precision": "bf16", "tflops_per_gpu": 150, "engine": "deepspeed"},
     "notes": "Megatron-DeepSpeed; ALiBi positions (modelled as learned: s*h parameters, no FLOPs); the 70 "
              "layers on 12 stages are not even: the embedding and the tied output layer each count as one "
              "layer in its partition (5 + 10 x 6 + 5)",
@@ -63,11 +63,12 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
         "model": {"num_layers": m["layers"], "hidden_size": m["hidden"], "num_attention_heads": m["heads"],
                   "vocab_size": m["vocab"], "seq_length": m["seq_len"], "flash_attention": False},
         "cluster": {"gpu": GPU_KEYS[c["gpu_type"]], "num_nodes": c["gpus"] // gpn, "gpus_per_node": gpn},
-        "training": {"global_batch_size": case["global_batch"], "precision": pub.get("precision", "fp16")},
+        "training": {"global_batch_size": case["global_batch"], "precision": pub.get("precision", "fp16"),
+                     "engine": case_engine(case)},
     }
     if published_layout:
         data["parallelism"] = {"tensor": pub["tp"], "pipeline": pub["pp"], "data": pub["dp"],
-                               "zero_stage": pub["zero_stage"], "recompute": pub["recompute"],
+                               "zero_stage": pub["zero_stage"], "recompute": case_recompute(case),
                                "sequence_parallel": False, "offload": "none"}
         if pub.get("micro_batch"):
             data["parallelism"]["micro_batch_size"] = pub["micro_batch"]
@@ -75,6 +76,24 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
         if split is not None:
             data["parallelism"].update(first_stage_layers=split[0], last_stage_layers=split[1])
     return parse_spec(data)
+
+
+def case_engine(case: dict) -> str:
+    """The runtime a case trained on: ``published.engine`` (default: Megatron-LM, Table 1's software)."""
+    return case["published"].get("engine", "megatron")
+
+
+def case_recompute(case: dict) -> str:
+    """The recompute mode of a case ("full (assumed, eq.3 convention)" reads as "full")."""
+    return str(case["published"]["recompute"]).split()[0]
+
+
+def case_regime(case: dict) -> str:
+    """The accuracy regime a case belongs to (benchmarks/accuracy.py reports error per regime)."""
+    pub = case["published"]
+    if case_engine(case) == "deepspeed":
+        return "DeepSpeed pipeline" if pub["pp"] > 1 else "ZeRO-3 / FSDP" if pub["zero_stage"] >= 2 else "DeepSpeed ZeRO-0/1"
+    return "Megatron FSDP" if pub["zero_stage"] >= 2 else "Megatron PTD-P"
 
 
 def published_estimate(case: dict, cost=None):

@@ -20,6 +20,10 @@ MEGATRON_LAYOUTS = {
     "fp16-tp2-pp2-zero0": {**GPU8, "model.preset": "gpt3-1.7b", "training.precision": "fp16",
                            "parallelism.tensor": 2, "parallelism.pipeline": 2, "parallelism.zero_stage": 0,
                            "training.global_batch_size": 16},
+    # Megatron-LM core_v0.16.1 interleaves from pp = 2 (its default p2p overlap on).
+    "pp2-vpp2": {**GPU8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 4, "parallelism.pipeline": 2,
+                 "parallelism.virtual_pipeline": 2, "parallelism.zero_stage": 1, "parallelism.micro_batch_size": 1,
+                 "training.global_batch_size": 16},
     "uneven-pp4-vpp2": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 2,
                         "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 2, "parallelism.zero_stage": 1,
                         "parallelism.micro_batch_size": 1, "training.global_batch_size": 32,

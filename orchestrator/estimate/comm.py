@@ -5,20 +5,29 @@ DeepSpeed's PipeModelDataParallelTopology): tensor-parallel ranks are adjacent (
 tp <= gpus_per_node), data-parallel ranks have stride tp, pipeline ranks stride tp*dp. A group therefore
 has ``per_node`` members on each of ``num_nodes`` nodes.
 
-Collective costs follow the ring algorithms of nccl-tests (docs: PERFORMANCE.md): an all-reduce moves
-2(n-1)/n of the buffer per GPU, a reduce-scatter or all-gather (n-1)/n, and ``busbw`` is what a link
-sustains under that accounting. A group that spans nodes is costed hierarchically: the intra-node part
-over NVLink (the node's measured busbw), then the inter-node part on 1/per_node of the buffer over each
-GPU's own share of the NICs; an all-reduce is a reduce-scatter followed by an all-gather. Each call also
-pays a fixed latency (more with more nodes, as NCCL's trees grow with log2 of the node count).
+Collectives are costed as NCCL runs them (``nccl_collective``): NCCL's own cost model
+(src/graph/tuning.cc, the tables of NCCL 2.8-2.10, the releases of the 2021 runs; later releases keep the
+structure) takes, per algorithm (ring; tree for all-reduce only: NCCL has no tree all-gather or
+reduce-scatter) and protocol (LL: low latency, a quarter of the bandwidth across nodes; Simple: full
+bandwidth, higher per-hop latency), time = latency + bytes / bandwidth and picks the fastest. A ring's
+latency grows with its length, not with log2 of the node count: base + (steps - inter-node steps) x
+intra-node hop + inter-node steps x network hop, with n - 1 steps for an all-gather or reduce-scatter over n
+ranks (2(n - 1) for an all-reduce; large multi-node ring all-reduces pay 1.9x, NCCL's "plateau"); a tree
+all-reduce pays base + 2((k - 1) x intra hop + log2(nodes) x network hop). Bus bandwidth (nccl-tests
+PERFORMANCE.md accounting: a ring moves (n-1)/n of the buffer per rank, an all-reduce twice that) is the
+node's measured busbw inside a node; across nodes each of the k GPUs of the group on a node drives its own
+NIC (rings cross node boundaries once per channel), so busbw = min(intra busbw, k x per-GPU NIC bandwidth).
+CPU processes (gloo over loopback) pay ``CostModel.collective_latency_s`` per hop instead.
 
 What is sent:
-* DP (per step): stage 0 all-reduces the gradients; stage 1 (and Megatron's distributed optimizer)
-  reduce-scatters gradients and all-gathers updated parameters; DeepSpeed's stage 2 reduce-scatters into
-  the owner's partition at every micro-batch (a rank keeps no full gradient buffer to accumulate in) and
-  all-gathers parameters once; stage 3 all-gathers parameters for every forward and backward (and for the
-  recomputed forward) and reduce-scatters gradients, every micro-batch (ZeRO paper, section 7: 1.5x the
-  all-reduce volume per pass). Gradients travel in the training dtype.
+* DP (per step), call by call in the buckets and units the engine uses (estimate/engines.py): stage 0
+  all-reduces the gradients; stage 1 (and Megatron's distributed optimizer) reduce-scatters gradients and
+  all-gathers updated parameters; stage 2 reduce-scatters into the owner's partition at every micro-batch
+  (a rank keeps no full gradient buffer to accumulate in) and all-gathers parameters once; stage 3
+  all-gathers parameters for every forward and backward (and for the recomputed forward), one call per
+  module (DeepSpeed) or per layer (Megatron FSDP), and reduce-scatters gradients, every micro-batch (ZeRO
+  paper, section 7: 1.5x the all-reduce volume per pass). Gradients travel in the training dtype, or fp32
+  where Megatron reduces bf16 gradients in fp32.
 * TP (per layer, per micro-batch): two all-reduces of s*b*h in the forward and two in the backward
   (Shoeybi et al. 2019), two more when the forward is recomputed; sequence parallelism swaps each for a
   reduce-scatter + all-gather pair of the same volume (Korthikanti et al. 2022, section 4.2.2).
@@ -30,6 +39,7 @@ What is sent:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import ceil, log2
 
 from .hardware import Hardware
@@ -52,29 +62,89 @@ def group_placement(size: int, stride: int, gpus_per_node: int) -> Placement:
     return Placement(size, per_node, ceil(size / per_node))
 
 
-def _latency_s(pl: Placement, hw: Hardware) -> float:
-    return hw.latency_s * (1 + log2(pl.num_nodes))
+# NCCL src/graph/tuning.cc (2.8-2.10): latencies in microseconds. baseLat per (algorithm, protocol), and
+# hwLat per link, algorithm and protocol (NVLink; PCI; NET = the network between nodes).
+NCCL_BASE_US = {("ring", "LL"): 3.6, ("ring", "Simple"): 8.4, ("tree", "LL"): 4.4, ("tree", "Simple"): 0.0}
+NCCL_HOP_US = {
+    "nvlink": {("ring", "LL"): 0.47, ("ring", "Simple"): 3.4, ("tree", "LL"): 0.52, ("tree", "Simple"): 28.0},
+    "pci": {("ring", "LL"): 1.0, ("ring", "Simple"): 5.7, ("tree", "LL"): 1.0, ("tree", "Simple"): 28.0},
+    "net": {("ring", "LL"): 2.7, ("ring", "Simple"): 9.6, ("tree", "LL"): 5.0, ("tree", "Simple"): 50.0},
+}
+RING_PLATEAU = 1.9       # tuning.cc: large multi-node ring all-reduce latency factor
+TREE_BW_FACTOR = 0.9     # tuning.cc: a tree reaches 0.9 of the ring's bus bandwidth ...
+TREE_LL_BW_FACTOR = 1 / 3.8   # ... and LL a further 1/3.8 of it
+US = 1e-6
+
+
+@dataclass(frozen=True)
+class CollectiveTime:
+    """One collective call as NCCL would run it: algorithm, protocol, seconds."""
+
+    algorithm: str
+    protocol: str
+    seconds: float
+
+
+def bus_bandwidth_Bps(pl: Placement, hw: Hardware) -> float:
+    """Bus bandwidth of a group: the node's busbw inside one node; across nodes each GPU of the group on a
+    node drives its own NIC, so the node boundary carries per_node x the per-GPU network bandwidth."""
+    if pl.num_nodes <= 1:
+        return hw.intra_Bps
+    return min(hw.intra_Bps, pl.per_node * hw.inter_Bps)
+
+
+def nccl_collective(kind: str, nbytes: float, pl: Placement, hw: Hardware) -> CollectiveTime:
+    """Fastest (algorithm, protocol) for one ``kind`` call ("all_reduce", "all_gather", "reduce_scatter")
+    on an ``nbytes`` buffer (the full buffer: an all-gather's output), and its time."""
+    return _nccl_collective(kind, float(nbytes), pl, hw)
+
+
+@lru_cache(maxsize=65536)
+def _nccl_collective(kind: str, nbytes: float, pl: Placement, hw: Hardware) -> CollectiveTime:
+    if pl.size <= 1:
+        return CollectiveTime("none", "none", 0.0)
+    n, nodes, k = pl.size, pl.num_nodes, pl.per_node
+    busbw = bus_bandwidth_Bps(pl, hw)
+    all_reduce = kind == "all_reduce"
+    steps, inter_steps = (2 * (n - 1), 2 * (nodes - 1)) if all_reduce else (n - 1, nodes - 1)
+    if hw.link == "loopback":     # gloo: one fixed latency per ring hop
+        return CollectiveTime("ring", "gloo", (1 + steps) * hw.latency_s + nbytes * steps / n / busbw)
+    options = []
+    for proto in ("LL", "Simple"):
+        intra = NCCL_HOP_US[hw.link][("ring", proto)] * (1.8 if nodes > 1 and proto == "LL" else 1.0)
+        lat = NCCL_BASE_US[("ring", proto)] + (steps - inter_steps) * intra + inter_steps * NCCL_HOP_US["net"][("ring", proto)]
+        if all_reduce and proto == "Simple" and nodes > 1 and nbytes >= n / 16 * 65536:
+            lat *= RING_PLATEAU
+        bw = busbw / (4 if proto == "LL" and (nodes > 1 or all_reduce) else 3 if proto == "LL" else 1)
+        options.append(CollectiveTime("ring", proto, lat * US + nbytes * steps / n / bw))
+        if all_reduce:
+            t_intra = NCCL_HOP_US[hw.link][("tree", proto)]
+            t_lat = NCCL_BASE_US[("tree", proto)] + 2 * ((k - 1) * t_intra + log2(nodes) * NCCL_HOP_US["net"][("tree", proto)])
+            t_bw = busbw * TREE_BW_FACTOR * (TREE_LL_BW_FACTOR if proto == "LL" else 1) / 2
+            options.append(CollectiveTime("tree", proto, t_lat * US + nbytes / t_bw))
+    return min(options, key=lambda c: c.seconds)
 
 
 def reduce_scatter_s(nbytes: float, pl: Placement, hw: Hardware) -> float:
-    """Time of a reduce-scatter (or all-gather) of an ``nbytes`` buffer over group ``pl``."""
-    if pl.size <= 1:
-        return 0.0
-    k, n = pl.per_node, pl.num_nodes
-    t = _latency_s(pl, hw)
-    if k > 1:
-        t += (k - 1) / k * nbytes / hw.intra_Bps
-    if n > 1:
-        t += (n - 1) / n * nbytes / k / hw.inter_Bps
-    return t
+    """Time of one reduce-scatter of an ``nbytes`` buffer over group ``pl``."""
+    return nccl_collective("reduce_scatter", nbytes, pl, hw).seconds
 
 
-all_gather_s = reduce_scatter_s
+def all_gather_s(nbytes: float, pl: Placement, hw: Hardware) -> float:
+    """Time of one all-gather producing an ``nbytes`` buffer over group ``pl``."""
+    return nccl_collective("all_gather", nbytes, pl, hw).seconds
 
 
 def all_reduce_s(nbytes: float, pl: Placement, hw: Hardware) -> float:
-    """All-reduce = reduce-scatter + all-gather (ring and hierarchical alike)."""
-    return 2 * reduce_scatter_s(nbytes, pl, hw)
+    """Time of one all-reduce of an ``nbytes`` buffer (ring or tree, whichever NCCL would pick)."""
+    return nccl_collective("all_reduce", nbytes, pl, hw).seconds
+
+
+def bucketed_s(kind: str, nbytes: float, bucket_bytes: float, pl: Placement, hw: Hardware) -> tuple[float, float, int]:
+    """(total time, time of one bucket, number of calls) of ``nbytes`` sent as buckets of ``bucket_bytes``."""
+    calls = max(1, ceil(nbytes / bucket_bytes))
+    one = nccl_collective(kind, nbytes / calls, pl, hw).seconds
+    return calls * one, one, calls
 
 
 def ring_bytes(nbytes: float, n: int, kind: str = "reduce_scatter") -> float:
@@ -86,8 +156,12 @@ def ring_bytes(nbytes: float, n: int, kind: str = "reduce_scatter") -> float:
 
 
 def p2p_s(nbytes: float, inter_node: bool, hw: Hardware) -> float:
-    """One point-to-point transfer of ``nbytes``."""
-    return hw.latency_s + nbytes / (hw.inter_Bps if inter_node else hw.intra_Bps)
+    """One point-to-point transfer of ``nbytes`` (NCCL send/recv: Simple protocol, one hop)."""
+    if hw.link == "loopback":
+        lat = 2 * hw.latency_s
+    else:
+        lat = (NCCL_BASE_US[("ring", "Simple")] + NCCL_HOP_US["net" if inter_node else hw.link][("ring", "Simple")]) * US
+    return lat + nbytes / (hw.inter_Bps if inter_node else hw.intra_Bps)
 
 
 @dataclass(frozen=True)
@@ -98,32 +172,63 @@ class DataParallelComm:
     time_s: float           # total time of the collectives
     exposed_s: float        # not hidden behind compute
     reduce_s: float = 0.0   # the gradient reductions alone (all-reduce / reduce-scatter), no param gathers
+    calls: int = 0          # collective calls per step
 
 
-def data_parallel_comm(*, param_bytes: float, pl: Placement, zero_stage: int, num_microbatches: int,
-                       full_recompute: bool, forward_window_s: float, backward_window_s: float,
-                       overlap: float, hw: Hardware) -> DataParallelComm:
-    """DP traffic for ``param_bytes`` (the 16-bit size of the GPU's parameters, before ZeRO sharding).
+@dataclass(frozen=True)
+class DataParallelWork:
+    """What one data-parallel rank of a stage synchronises, and the compute windows it can hide behind."""
 
-    ``forward_window_s``/``backward_window_s``: compute of one micro-batch's forward/backward on this
-    stage, behind which bucketed collectives can run (``overlap`` of it is usable).
+    engine: str                 # megatron | deepspeed (bucket sizes, gather units: estimate/engines.py)
+    zero_stage: int
+    param_elements: float       # this GPU's parameters before ZeRO sharding
+    param_bytes: int            # bytes per parameter element on the wire (16-bit)
+    grad_bytes: int             # bytes per gradient element on the wire
+    layers: int                 # transformer layers on the stage (ZeRO-3 gather units)
+    num_microbatches: int
+    full_recompute: bool
+    forward_window_s: float     # one micro-batch's forward on this stage
+    backward_window_s: float    # one micro-batch's backward (and recompute) on this stage
+
+
+def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw: Hardware) -> DataParallelComm:
+    """DP traffic of one step, counted call by call (see the module doc and estimate/engines.py).
+
+    Bucketed collectives run behind ``overlap`` of the compute window they can overlap; the last bucket of a
+    backward (and the first gather of a pass) waits for, or is waited on by, compute and stays exposed.
     """
+    from .engines import DS_REDUCE_BUCKET_ELEMENTS, gathers_per_layer, reduce_bucket_elements  # noqa: PLC0415
+
     if pl.size <= 1:
         return DataParallelComm(0.0, 0.0, 0.0)
-    n, m = pl.size, num_microbatches
-    rs = reduce_scatter_s(param_bytes, pl, hw)
-    one = ring_bytes(param_bytes, n)
-    hide_b, hide_f = overlap * backward_window_s, overlap * forward_window_s
-    if zero_stage == 0:
-        return DataParallelComm(2 * one, 2 * rs, max(0.0, 2 * rs - hide_b), reduce_s=2 * rs)
-    if zero_stage == 1:
-        return DataParallelComm(2 * one, 2 * rs, max(0.0, rs - hide_b) + rs, reduce_s=rs)
-    if zero_stage == 2:
-        return DataParallelComm((m + 1) * one, (m + 1) * rs, m * max(0.0, rs - hide_b) + rs, reduce_s=m * rs)
-    gathers_fwd = 2 if full_recompute else 1
-    per_mb_exposed = max(0.0, rs - hide_f) + max(0.0, gathers_fwd * rs + rs - hide_b)
-    return DataParallelComm(m * (gathers_fwd + 2) * one, m * (gathers_fwd + 2) * rs, m * per_mb_exposed,
-                            reduce_s=m * rs)
+    w, n, m = work, pl.size, work.num_microbatches
+    grads, params = w.param_elements * w.grad_bytes, w.param_elements * w.param_bytes
+    hide_b, hide_f = overlap * w.backward_window_s, overlap * w.forward_window_s
+    sharded_units = w.engine == "megatron" and w.zero_stage >= 2      # Megatron FSDP: one unit per layer
+    bucket = w.param_elements / max(1, w.layers) if sharded_units else reduce_bucket_elements(w.engine, n)
+    kind = "all_reduce" if w.zero_stage == 0 else "reduce_scatter"
+    red_s, red_one, red_calls = bucketed_s(kind, grads, bucket * w.grad_bytes, pl, hw)
+    red_bytes = ring_bytes(grads, n, kind)
+    if w.zero_stage <= 2:
+        per_step = 1 if w.zero_stage < 2 else m          # ZeRO-2 reduce-scatters every micro-batch
+        exposed = per_step * max(red_one, red_s - hide_b)
+        time, nbytes, calls = per_step * red_s, per_step * red_bytes, per_step * red_calls
+        if w.zero_stage >= 1:                             # updated parameters gathered after the step
+            gather_bucket = bucket if w.engine == "megatron" else DS_REDUCE_BUCKET_ELEMENTS
+            ag_s, ag_one, ag_calls = bucketed_s("all_gather", params, gather_bucket * w.param_bytes, pl, hw)
+            # Megatron's --overlap-param-gather hides it behind the next forward; DeepSpeed waits for it.
+            exposed += max(ag_one, ag_s - hide_f) if w.engine == "megatron" else ag_s
+            time, nbytes, calls = time + ag_s, nbytes + ring_bytes(params, n), calls + ag_calls
+        return DataParallelComm(nbytes, time, exposed, reduce_s=per_step * red_s, calls=calls)
+    units = w.layers * gathers_per_layer(w.engine) + 1                # + the embedding
+    g_s, g_one, _ = bucketed_s("all_gather", params, params / units, pl, hw)
+    passes_b = 2 if w.full_recompute else 1                          # backward re-gathers for the recompute too
+    exposed_f = max(g_one, g_s - hide_f)
+    exposed_b = max(g_one, passes_b * g_s + red_s - hide_b)
+    per_mb_time = (1 + passes_b) * g_s + red_s
+    per_mb_bytes = (1 + passes_b) * ring_bytes(params, n) + red_bytes
+    return DataParallelComm(m * per_mb_bytes, m * per_mb_time, m * (exposed_f + exposed_b), reduce_s=m * red_s,
+                            calls=m * ((1 + passes_b) * units + red_calls))
 
 
 def tensor_parallel_layer_comm(*, tokens: int, hidden: int, pl: Placement, sp: bool, full_recompute: bool,

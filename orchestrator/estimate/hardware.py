@@ -40,7 +40,8 @@ class Hardware:
     num_nodes: int
     dtype_bytes: int           # activation / low-precision parameter element size
     kernel_gap_s: float
-    latency_s: float
+    latency_s: float           # per-hop latency of CPU (gloo) collectives; GPUs use NCCL's tables (comm.py)
+    link: str = "nvlink"       # intra-node link class for NCCL's latencies: nvlink | pci | loopback (CPU, gloo)
     fused_grad_accumulation: bool = False
     tp_comm_overlap: bool = False   # the GPU can overlap TP comm with GEMMs (catalog)
     runtime_bytes: int | None = None   # framework runtime per process (catalog); None: CostModel's CUDA context
@@ -67,7 +68,14 @@ def hardware_for(spec: Spec, cost: CostModel) -> Hardware:
         host_Bps=gpu.host_link_GBps * GB, gpus_per_node=c.gpus_per_node, num_nodes=c.num_nodes,
         dtype_bytes=DTYPE_BYTES[spec.training.precision], kernel_gap_s=cost.kernel_gap_s,
         latency_s=cost.collective_latency_s, fused_grad_accumulation=cost.fused_grad_accumulation,
-        tp_comm_overlap=gpu.tp_comm_overlap, runtime_bytes=gpu.runtime_bytes)
+        tp_comm_overlap=gpu.tp_comm_overlap, runtime_bytes=gpu.runtime_bytes, link=intra_link(gpu))
+
+
+def intra_link(gpu) -> str:
+    """NVLink/NVSwitch-class parts (>= 100 GB/s busbw inside a node), PCIe peers, or CPU processes."""
+    if gpu.name == "cpu":
+        return "loopback"
+    return "nvlink" if gpu.intra_node_bandwidth_GBps >= 100 else "pci"
 
 
 def _override(calibrated: float | None, catalog: float) -> float:

@@ -22,10 +22,11 @@ from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
 from ..spec import Spec, default_engine, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
-from .comm import (CommEstimate, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
+from .comm import (CommEstimate, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
                    ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, estimate_layer_time, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
+from .engines import grad_reduce_bytes
 from .flops import FlopsEstimate, estimate_flops
 from .hardware import Hardware, hardware_for
 from .memory import MemoryEstimate, busiest_stage, estimate_model_states, estimate_overheads, stage_memory
@@ -251,10 +252,12 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
                            p2p_s=x_exposed)
     reduce_layers = _layers_holding_most_params(split, params)
-    dp_comm = data_parallel_comm(
-        param_bytes=params.per_gpu * hw.dtype_bytes, pl=group_placement(dp, tp, gpn), zero_stage=lay.zero_stage,
+    dp_work = DataParallelWork(
+        engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=params.per_gpu, param_bytes=hw.dtype_bytes,
+        grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
         num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
-        backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s), overlap=cost.dp_overlap, hw=hw)
+        backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
+    dp_comm = data_parallel_comm(dp_work, group_placement(dp, tp, gpn), cost.dp_overlap, hw)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync
     tp_total = m * stage_layers * tp_s

@@ -4,10 +4,9 @@ Every number comes from the Plan; DeepSpeed's spellings live only here.
 """
 from __future__ import annotations
 
+from ..estimate.engines import (DS_REDUCE_BUCKET_ELEMENTS, ds_param_persistence_threshold,
+                                ds_prefetch_bucket_elements)
 from ..plan import Plan
-
-# DeepSpeed's own default bucket (elements), tuned by its authors on V100/A100 clusters.
-REDUCE_BUCKET_ELEMENTS = 500_000_000
 _OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
 
 
@@ -66,14 +65,14 @@ def _zero(plan: Plan) -> dict:
     if lay.zero_stage == 0:
         return zero
     zero.update({"overlap_comm": True, "contiguous_gradients": True,
-                 "reduce_bucket_size": REDUCE_BUCKET_ELEMENTS})
+                 "reduce_bucket_size": DS_REDUCE_BUCKET_ELEMENTS})
     if lay.zero_stage in (1, 2):
         zero.update({"reduce_scatter": True, "allgather_partitions": True,
-                     "allgather_bucket_size": REDUCE_BUCKET_ELEMENTS})
+                     "allgather_bucket_size": DS_REDUCE_BUCKET_ELEMENTS})
     if lay.zero_stage == 3:
         # Per-layer sizing (h^2 prefetch, 10h persistence), as DeepSpeed's HF integration derives it.
-        zero.update({"stage3_prefetch_bucket_size": int(0.9 * h * h),
-                     "stage3_param_persistence_threshold": 10 * h,
+        zero.update({"stage3_prefetch_bucket_size": ds_prefetch_bucket_elements(h),
+                     "stage3_param_persistence_threshold": ds_param_persistence_threshold(h),
                      "stage3_max_live_parameters": 1_000_000_000,
                      "stage3_max_reuse_distance": 1_000_000_000,
                      "stage3_gather_16bit_weights_on_model_save": True})

@@ -37,7 +37,7 @@ FIXED = {
 }
 # Uneven pipeline splits (Megatron's --decoder-first/last-pipeline-num-layers), on "cpu" so that Megatron-LM
 # builds the TransformerConfig here and reports the layers it places on each pipeline rank.
-CPU16 = {"cluster.gpus_per_node": 16, "training.precision": "bf16", "parallelism.zero_stage": 1,
+CPU16 = {"cluster.gpus_per_node": 16, "training.precision": "bf16", "parallelism.zero_stage": 1, "training.engine": "megatron",
          "parallelism.micro_batch_size": 1, "training.global_batch_size": 16}
 FIXED |= {
     "tiny-5l-pp2-first2-last3-cpu": {"model.num_layers": 5, "parallelism.pipeline": 2, "parallelism.zero_stage": 1,
