@@ -15,6 +15,7 @@ An even split gives c_r = num_layers / p everywhere, as before.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..errors import Problem, SpecError
@@ -22,16 +23,20 @@ from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
 from ..spec import Spec, default_engine, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
-from .comm import (CommEstimate, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
+from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
                    ring_bytes, tensor_parallel_layer_comm)
-from .compute import embedding_time_s, estimate_layer_time, head_time_s, optimizer_step_s, straggler_factor
+from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
 from .engines import grad_reduce_bytes
 from .flops import FlopsEstimate, estimate_flops
+from .context import rank_shape
 from .hardware import Hardware, hardware_for
-from .memory import MemoryEstimate, busiest_stage, estimate_model_states, estimate_overheads, stage_memory
-from .params import ModelShape, ParamsEstimate, estimate_params, model_shape
+from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
+from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
+                     stage_memory)
+from .params import ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank, model_shape
 from .pipeline import bubble_fraction, pipeline_time_s
+from .precision import fp8_weight_bytes, weight_cast_s
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class EstimateContext:
     precision: str
     engine: str                   # training.engine: megatron | deepspeed
     host_capacity_bytes: float    # host memory one process may fill with offloaded states
+    gpu: str = "h100-sxm"         # catalog key (FP8 GEMM rates)
 
     @classmethod
     def of(cls, spec: Spec, cost: CostModel | None = None) -> "EstimateContext":
@@ -54,7 +60,7 @@ class EstimateContext:
         return cls(shape=model_shape(spec), hw=hardware_for(spec, cost), cost=cost,
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=spec.training.engine or default_engine(c.gpu),
-                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node)
+                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu)
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,8 @@ class StepBreakdown:
     dp_exposed_s: float
     optimizer_s: float      # GPU Adam, or CPU-Adam + PCIe with offload
     offload_s: float        # ZeRO-3 parameter fetches from host (optimizer+params)
+    ep_exposed_s: float = 0.0   # expert all-to-all (dispatch and combine) on the slowest stage
+    cp_exposed_s: float = 0.0   # context-parallel K/V exchange not hidden behind attention
 
 
 @dataclass(frozen=True)
@@ -134,7 +142,36 @@ def split_of(ctx: EstimateContext, lay: Layout) -> StageSplit:
 
 
 def params_of(ctx: EstimateContext, lay: Layout) -> ParamsEstimate:
-    return estimate_params(ctx.shape, lay.tp, lay.pp, split_of(ctx, lay))
+    return estimate_params(ctx.shape, lay.tp, lay.pp, split_of(ctx, lay), lay.ep, lay.etp)
+
+
+def layer_key(lay: Layout) -> LayerKey:
+    return LayerKey(tp=lay.tp, cp=lay.cp, ep=lay.ep, etp=lay.etp, mb=lay.micro_batch_size,
+                    sp=bool(lay.sequence_parallel), recompute=lay.recompute)
+
+
+def rank_layer_of(ctx: EstimateContext, lay: Layout) -> RankLayer:
+    """The mean transformer layer of one rank (MoE, context parallelism and FP8 composed in)."""
+    return rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, layer_key(lay))
+
+
+def grad_sync_size(lay: Layout) -> int:
+    """Ranks that hold the same dense weights and reduce their gradients: dp x cp (Megatron folds the
+    context-parallel ranks into the data-parallel gradient group)."""
+    return lay.dp * lay.cp
+
+
+def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> ModelStatesEstimate:
+    """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
+    expert = min(psi, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp))
+    dense = estimate_model_states(psi - expert, grad_sync_size(lay), lay.zero_stage, lay.offload, ctx.precision)
+    if ctx.precision == "fp8":
+        dense = dataclasses.replace(dense, params_bytes=dense.params_bytes + fp8_weight_bytes(psi))
+    if not expert:
+        return dense
+    experts = estimate_model_states(expert, lay.edp, lay.zero_stage, lay.offload, ctx.precision)
+    return ModelStatesEstimate(*(getattr(dense, f) + getattr(experts, f) for f in
+                                 ("params_bytes", "grads_bytes", "optimizer_bytes", "host_bytes")))
 
 
 def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None = None,
@@ -143,14 +180,15 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
     shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
     params = params or params_of(ctx, lay)
     acts = acts or _activations(ctx, lay, params)
-    groups = sum(n > 1 for n in (lay.tp, lay.dp, lay.pp)) + (lay.pp > 1 and shape.tie_embeddings)
-    candidates = [("first", params.first_stage_per_gpu, acts.first_stage_bytes),
-                  ("last", params.last_stage_per_gpu, acts.last_stage_bytes)]
+    groups = sum(n > 1 for n in (lay.tp, lay.dp, lay.pp, lay.cp, lay.ep)) + (lay.pp > 1 and shape.tie_embeddings)
+    split = split_of(ctx, lay)
+    candidates = [("first", params.first_stage_per_gpu, acts.first_stage_bytes, split.first),
+                  ("last", params.last_stage_per_gpu, acts.last_stage_bytes, split.last)]
     if lay.pp > 2:
-        candidates.append(("middle", params.middle_stage_per_gpu, acts.middle_stage_bytes))
+        candidates.append(("middle", params.middle_stage_per_gpu, acts.middle_stage_bytes, split.middle))
     stages = []
-    for name, psi, act in candidates:
-        states = estimate_model_states(psi, lay.dp, lay.zero_stage, lay.offload, ctx.precision)
+    for name, psi, act, layers in candidates:
+        states = model_states(ctx, lay, psi, layers)
         over = estimate_overheads(cost, num_groups=groups, dp=lay.dp, zero_stage=lay.zero_stage,
                                   local_grad_bytes=psi * hw.dtype_bytes,
                                   largest_layer_params=params.largest_layer_per_gpu, activations_bytes=act,
@@ -161,9 +199,18 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
 
 
 def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> ActivationsEstimate:
-    return estimate_activations(ctx.shape, lay.tp, lay.pp, lay.vpp, lay.sequence_parallel, lay.recompute,
-                                lay.micro_batch_size, num_microbatches(ctx, lay), params.padded_vocab_size,
-                                ctx.hw.dtype_bytes, split_of(ctx, lay))
+    """Activations of one rank: s/cp tokens per sequence (context parallelism), MoE layers' routed rows."""
+    acts = estimate_activations(rank_shape(ctx.shape, lay.cp), lay.tp, lay.pp, lay.vpp, lay.sequence_parallel,
+                                lay.recompute, lay.micro_batch_size, num_microbatches(ctx, lay),
+                                params.padded_vocab_size, ctx.hw.dtype_bytes, split_of(ctx, lay))
+    scale = moe_activation_scale(ctx.shape, layer_key(lay), acts.per_layer_bytes, ctx.hw.dtype_bytes)
+    if scale == 1.0:
+        return acts
+    extra = (scale - 1) * acts.per_layer_bytes
+    return dataclasses.replace(
+        acts, first_stage_bytes=int(acts.first_stage_bytes + extra * acts.first_stage_layers_in_flight),
+        last_stage_bytes=int(acts.last_stage_bytes + extra * acts.last_stage_layers_in_flight),
+        middle_stage_bytes=int(acts.middle_stage_bytes + extra * acts.middle_stage_layers_in_flight))
 
 
 def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
@@ -224,21 +271,23 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     m = num_microbatches(ctx, lay)
     full = lay.recompute == "full"
     gpn = hw.gpus_per_node
-    layer = estimate_layer_time(shape, hw, tp, mb, lay.sequence_parallel, lay.recompute)
-    tokens = shape.seq_length * mb
+    rl = rank_layer_of(ctx, lay)
+    layer = rl.time
+    rshape = rank_shape(shape, lay.cp)
+    tokens = rshape.seq_length * mb
     tp_pl = group_placement(tp, 1, gpn)
     tp_bytes, tp_s = tensor_parallel_layer_comm(tokens=tokens, hidden=shape.hidden_size, pl=tp_pl,
                                                 sp=bool(lay.sequence_parallel), full_recompute=full, hw=hw)
     tp_hidden = tp_overlap_fraction(cost, hw, lay)
     tp_exposed = (1 - tp_hidden) * tp_s
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
-    head = slow * head_time_s(shape, hw, tp, mb, params.padded_vocab_size)
-    emb = slow * embedding_time_s(shape, hw, tp, mb)
-    times = stage_times(split, slow * layer.total_s + tp_exposed, head, emb)
+    head = slow * head_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
+    emb = slow * embedding_time_s(rshape, hw, tp, mb)
+    times = stage_times(split, slow * layer.total_s + tp_exposed + rl.ep_s + rl.cp_exposed_s, head, emb)
     slowest, mean, stage_layers = times.slowest_s, times.mean_s, times.slowest_layers
     pp_bytes = pp_s = x_exposed = emb_sync = 0.0
     if pp > 1:
-        inter = tp * dp * pp > gpn
+        inter = tp * lay.cp * dp * pp > gpn
         one_bytes, one_s = pipeline_transfer(tokens=tokens, hidden=shape.hidden_size, tp_pl=tp_pl,
                                              sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
         x = 2 * vpp * one_s
@@ -257,20 +306,41 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
         grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
         num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
         backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
-    dp_comm = data_parallel_comm(dp_work, group_placement(dp, tp, gpn), cost.dp_overlap, hw)
+    dp_comm = _gradient_sync(ctx, lay, dp_work, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
+    if ctx.precision == "fp8":
+        optimizer_s += weight_cast_s(params.per_gpu, hw)
     step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync
     tp_total = m * stage_layers * tp_s
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
                         dp_reduce_s=dp_comm.reduce_s,
                         tp_exposed_s=(1 - tp_hidden) * tp_total,
-                        pp_exposed_s=m * x_exposed + emb_sync)
+                        pp_exposed_s=m * x_exposed + emb_sync,
+                        ep_bytes=m * stage_layers * rl.ep_bytes, ep_s=m * stage_layers * rl.ep_s,
+                        cp_bytes=m * stage_layers * rl.cp_bytes, cp_s=m * stage_layers * rl.cp_s,
+                        cp_exposed_s=m * stage_layers * rl.cp_exposed_s)
     fill = pipe - m * (slowest + x_exposed)
-    breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * tp_exposed), bubble_s=fill,
+    breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * (tp_exposed + rl.ep_s + rl.cp_exposed_s)),
+                              bubble_s=fill, ep_exposed_s=comm.ep_s, cp_exposed_s=comm.cp_exposed_s,
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+
+
+def _gradient_sync(ctx: EstimateContext, lay: Layout, work: DataParallelWork, layers: int):
+    """Gradient reduction (and parameter gathers) of a step: dense weights over dp x cp, routed experts over
+    the expert-data-parallel group (edp ranks, etp * ep apart: expert ranks are ordered etp -> ep -> edp)."""
+    gpn, cost, hw = ctx.hw.gpus_per_node, ctx.cost, ctx.hw
+    expert = min(work.param_elements, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp))
+    dense_work = dataclasses.replace(work, param_elements=work.param_elements - expert)
+    dense = data_parallel_comm(dense_work, group_placement(grad_sync_size(lay), lay.tp, gpn), cost.dp_overlap, hw)
+    if not expert:
+        return dense
+    experts = data_parallel_comm(dataclasses.replace(work, param_elements=expert),
+                                 group_placement(lay.edp, lay.etp * lay.ep, gpn), cost.dp_overlap, hw)
+    return DataParallelComm(*(getattr(dense, f) + getattr(experts, f) for f in
+                              ("bytes", "time_s", "exposed_s", "reduce_s", "calls")))
 
 
 def _layers_holding_most_params(split: StageSplit, params: ParamsEstimate) -> int:
@@ -295,7 +365,7 @@ def tp_overlap_fraction(cost: CostModel, hw: Hardware, lay: Layout) -> float:
 def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int) -> tuple[float, float]:
     """(optimizer step, per-step parameter fetch) time; offload runs Adam on the CPU over PCIe."""
     hw = ctx.hw
-    owned = stage_params / lay.dp if lay.zero_stage >= 1 else stage_params
+    owned = stage_params / grad_sync_size(lay) if lay.zero_stage >= 1 else stage_params
     if lay.offload == "none":
         return optimizer_step_s(owned, hw), 0.0
     pcie = 2 * hw.dtype_bytes * owned / hw.host_Bps          # gradients down, parameters up
