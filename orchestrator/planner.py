@@ -135,10 +135,10 @@ def _candidates(spec: Spec) -> Iterator[Layout]:
                         yield from _inner(spec, fixed, degrees, mb, batch // (mb * dp))
 
 
-# Smallest sequence chunk a context-parallel rank is searched with: below ~1K tokens per rank the
+# Smallest sequence chunk a context-parallel rank is searched with: below ~2K tokens per rank the
 # attention block is too short to hide the K/V ring exchange (Megatron-Core's context-parallel guide
 # recommends CP for long sequences, >= 8K tokens), and the planner would only add losing candidates.
-MIN_CONTEXT_CHUNK = 1024
+MIN_CONTEXT_CHUNK = 2048
 
 
 def context_options(spec: Spec, ranks: int) -> list[int]:
@@ -169,8 +169,7 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
         split = _split_for(n, pp, vpp, fixed)
         if split is None:
             continue
-        for sp in _opt(fixed.sequence_parallel, [False, True] if tp > 1 and spec.model.seq_length % tp == 0
-                       else [False]):
+        for sp in _opt(fixed.sequence_parallel, _sp_options(spec, tp)):
             recomputes = [r for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
             for rec in _opt(fixed.recompute, recomputes):
                 for zero in _opt(fixed.zero_stage, _zero_options(pp, dp)):
@@ -179,6 +178,13 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
                                      sequence_parallel=sp, recompute=rec, offload=off,
                                      first_stage_layers=split[0], last_stage_layers=split[1],
                                      cp=d["cp"], ep=d["ep"], etp=d["etp"])
+
+
+def _sp_options(spec: Spec, tp: int) -> list[bool]:
+    """Sequence parallelism off and on with tp > 1; only on for MoE on Megatron (its MoE layer needs it)."""
+    if tp == 1 or spec.model.seq_length % tp:
+        return [False]
+    return [True] if spec.model.moe is not None and engine_of(spec) == "megatron" else [False, True]
 
 
 def _opt(fixed, options: list) -> list:

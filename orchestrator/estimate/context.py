@@ -25,6 +25,7 @@ from .params import ModelShape
 FLASH_BWD_FACTOR = 2.5   # as estimate/compute.py: a fused attention backward costs 2.5x its forward
 
 
+@lru_cache(maxsize=1024)
 def rank_shape(shape: ModelShape, cp: int) -> ModelShape:
     """The shape one context-parallel rank works on: s/cp tokens per sequence."""
     return shape if cp == 1 else dataclasses.replace(shape, seq_length=shape.seq_length // cp)

@@ -39,7 +39,12 @@ from .params import ModelShape
 # figure 7; Megatron-Core MoE docs recommend the aux loss for this); a rank holds E/ep experts, which
 # averages part of the per-expert spread out. Published NVIDIA MoE benchmarks force balance (1.0).
 DROPLESS_IMBALANCE = 1.1
-ROUTER_KERNELS = 6        # router GEMM, softmax, top-k, aux-loss, permute, unpermute (forward)
+ROUTER_KERNELS = 6
+# With --overlap-moe-expert-parallel-comm (Megatron-Core MoE docs, "EP A2A overlap"; orch emits it when
+# Megatron allows it: ep > 1, no full recompute, interleaving when pp > 1) the dispatch / combine of one
+# micro-batch runs while another micro-batch's layer computes. As with the TP overlap, the SMs the
+# communication kernels take and the first transfer stay exposed: we take a quarter (our estimate).
+EP_A2A_OVERLAP = 0.75        # router GEMM, softmax, top-k, aux-loss, permute, unpermute (forward)
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,20 @@ def _grouped_expert_times(shape: ModelShape, hw: Hardware, work: ExpertWork, etp
 
 
 # --- the expert-parallel all-to-all ----------------------------------------------------------------
+
+def uses_ep_a2a_overlap(is_moe: bool, engine: str, gpu: str, ep: int, pp: int, vpp: int, recompute: str) -> bool:
+    """Megatron-Core's EP all-to-all overlap applies (TransformerConfig's conditions), on a GPU."""
+    return (is_moe and engine == "megatron" and gpu != "cpu" and ep > 1 and recompute != "full"
+            and (pp == 1 or vpp > 1))
+
+
+def exposed_all_to_all_s(ep_s: float, layer_compute_s: float, overlapped: bool) -> float:
+    """What the all-to-all of a layer adds to it: all of it, or with the overlap what the other
+    micro-batch's compute cannot cover (at least 1 - EP_A2A_OVERLAP of it)."""
+    if not overlapped:
+        return ep_s
+    return max(ep_s - EP_A2A_OVERLAP * layer_compute_s, (1 - EP_A2A_OVERLAP) * ep_s)
+
 
 def expert_group_placement(ep: int, etp: int, gpus_per_node: int) -> Placement:
     """The ep group: expert ranks are ordered etp -> ep -> edp, so its members are etp ranks apart."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..errors import Problem, SpecError
 from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
@@ -32,6 +33,7 @@ from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .hardware import Hardware, hardware_for
 from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
+from .moe import exposed_all_to_all_s, uses_ep_a2a_overlap
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory)
 from .params import ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank, model_shape
@@ -163,10 +165,12 @@ def grad_sync_size(lay: Layout) -> int:
 
 def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> ModelStatesEstimate:
     """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
-    expert = min(psi, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp))
+    expert = min(psi, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp)) \
+        if ctx.shape.moe is not None else 0.0
     dense = estimate_model_states(psi - expert, grad_sync_size(lay), lay.zero_stage, lay.offload, ctx.precision)
     if ctx.precision == "fp8":
-        dense = dataclasses.replace(dense, params_bytes=dense.params_bytes + fp8_weight_bytes(psi))
+        dense = ModelStatesEstimate(dense.params_bytes + fp8_weight_bytes(psi), dense.grads_bytes,
+                                    dense.optimizer_bytes, dense.host_bytes)
     if not expert:
         return dense
     experts = estimate_model_states(expert, lay.edp, lay.zero_stage, lay.offload, ctx.precision)
@@ -203,7 +207,15 @@ def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> A
     acts = estimate_activations(rank_shape(ctx.shape, lay.cp), lay.tp, lay.pp, lay.vpp, lay.sequence_parallel,
                                 lay.recompute, lay.micro_batch_size, num_microbatches(ctx, lay),
                                 params.padded_vocab_size, ctx.hw.dtype_bytes, split_of(ctx, lay))
-    scale = moe_activation_scale(ctx.shape, layer_key(lay), acts.per_layer_bytes, ctx.hw.dtype_bytes)
+    if ctx.shape.moe is None:
+        return acts
+    return _with_moe_activations(acts, ctx.shape, layer_key(lay), ctx.hw.dtype_bytes)
+
+
+@lru_cache(maxsize=65536)
+def _with_moe_activations(acts: ActivationsEstimate, shape: ModelShape, key: LayerKey,
+                          dtype_bytes: int) -> ActivationsEstimate:
+    scale = moe_activation_scale(shape, key, acts.per_layer_bytes, dtype_bytes)
     if scale == 1.0:
         return acts
     extra = (scale - 1) * acts.per_layer_bytes
@@ -283,7 +295,9 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
     head = slow * head_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
     emb = slow * embedding_time_s(rshape, hw, tp, mb)
-    times = stage_times(split, slow * layer.total_s + tp_exposed + rl.ep_s + rl.cp_exposed_s, head, emb)
+    overlap = uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp, lay.recompute)
+    ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap)
+    times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s, head, emb)
     slowest, mean, stage_layers = times.slowest_s, times.mean_s, times.slowest_layers
     pp_bytes = pp_s = x_exposed = emb_sync = 0.0
     if pp > 1:
@@ -301,12 +315,13 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
                            p2p_s=x_exposed)
     reduce_layers = _layers_holding_most_params(split, params)
-    dp_work = DataParallelWork(
-        engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=params.per_gpu, param_bytes=hw.dtype_bytes,
-        grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
-        num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
-        backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
-    dp_comm = _gradient_sync(ctx, lay, dp_work, reduce_layers)
+    def dp_work(elements: float) -> DataParallelWork:
+        return DataParallelWork(
+            engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=elements, param_bytes=hw.dtype_bytes,
+            grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
+            num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
+            backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
+    dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     if ctx.precision == "fp8":
         optimizer_s += weight_cast_s(params.per_gpu, hw)
@@ -318,27 +333,29 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                         tp_exposed_s=(1 - tp_hidden) * tp_total,
                         pp_exposed_s=m * x_exposed + emb_sync,
                         ep_bytes=m * stage_layers * rl.ep_bytes, ep_s=m * stage_layers * rl.ep_s,
+                        ep_exposed_s=m * stage_layers * ep_exposed,
                         cp_bytes=m * stage_layers * rl.cp_bytes, cp_s=m * stage_layers * rl.cp_s,
                         cp_exposed_s=m * stage_layers * rl.cp_exposed_s)
     fill = pipe - m * (slowest + x_exposed)
-    breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * (tp_exposed + rl.ep_s + rl.cp_exposed_s)),
-                              bubble_s=fill, ep_exposed_s=comm.ep_s, cp_exposed_s=comm.cp_exposed_s,
+    breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * (tp_exposed + ep_exposed + rl.cp_exposed_s)),
+                              bubble_s=fill, ep_exposed_s=comm.ep_exposed_s, cp_exposed_s=comm.cp_exposed_s,
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
 
 
-def _gradient_sync(ctx: EstimateContext, lay: Layout, work: DataParallelWork, layers: int):
+def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, layers: int) -> DataParallelComm:
     """Gradient reduction (and parameter gathers) of a step: dense weights over dp x cp, routed experts over
-    the expert-data-parallel group (edp ranks, etp * ep apart: expert ranks are ordered etp -> ep -> edp)."""
+    the expert-data-parallel group (edp ranks, etp * ep apart: expert ranks are ordered etp -> ep -> edp).
+    ``work(elements)`` builds the DataParallelWork of that many parameters."""
     gpn, cost, hw = ctx.hw.gpus_per_node, ctx.cost, ctx.hw
-    expert = min(work.param_elements, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp))
-    dense_work = dataclasses.replace(work, param_elements=work.param_elements - expert)
-    dense = data_parallel_comm(dense_work, group_placement(grad_sync_size(lay), lay.tp, gpn), cost.dp_overlap, hw)
+    expert = min(elements, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp)) \
+        if ctx.shape.moe is not None else 0.0
+    dense = data_parallel_comm(work(elements - expert), group_placement(grad_sync_size(lay), lay.tp, gpn),
+                               cost.dp_overlap, hw)
     if not expert:
         return dense
-    experts = data_parallel_comm(dataclasses.replace(work, param_elements=expert),
-                                 group_placement(lay.edp, lay.etp * lay.ep, gpn), cost.dp_overlap, hw)
+    experts = data_parallel_comm(work(expert), group_placement(lay.edp, lay.etp * lay.ep, gpn), cost.dp_overlap, hw)
     return DataParallelComm(*(getattr(dense, f) + getattr(experts, f) for f in
                               ("bytes", "time_s", "exposed_s", "reduce_s", "calls")))
 
