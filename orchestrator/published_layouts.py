@@ -27,6 +27,8 @@ def load_layout_cases(path: str | Path) -> list[dict]:
 def layout_case_spec(case: dict, *, published_layout: bool = True) -> Spec:
     """The case as a spec on h100-sxm with the Megatron engine; its published layout fixed (or all open)."""
     model = {"preset": case["preset"], "seq_length": case["seq"]}
+    if case.get("capacity_factor") is not None:
+        model["moe"] = {"capacity_factor": case["capacity_factor"]}
     data = {"name": case["id"][:64], "model": model,
             "cluster": {"gpu": "h100-sxm", "num_nodes": case["gpus"] // GPUS_PER_NODE,
                         "gpus_per_node": GPUS_PER_NODE},

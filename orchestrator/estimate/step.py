@@ -38,7 +38,7 @@ from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimat
                      stage_memory)
 from .params import ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank, model_shape
 from .pipeline import bubble_fraction, pipeline_time_s
-from .precision import fp8_weight_bytes, weight_cast_s
+from .precision import fp8_saved_activation_bytes, fp8_weight_bytes, weight_cast_s
 
 
 @dataclass(frozen=True)
@@ -207,18 +207,21 @@ def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> A
     acts = estimate_activations(rank_shape(ctx.shape, lay.cp), lay.tp, lay.pp, lay.vpp, lay.sequence_parallel,
                                 lay.recompute, lay.micro_batch_size, num_microbatches(ctx, lay),
                                 params.padded_vocab_size, ctx.hw.dtype_bytes, split_of(ctx, lay))
-    if ctx.shape.moe is None:
+    if ctx.shape.moe is None and ctx.precision != "fp8":
         return acts
-    return _with_moe_activations(acts, ctx.shape, layer_key(lay), ctx.hw.dtype_bytes)
+    return _adjusted_activations(acts, ctx.shape, layer_key(lay), ctx.hw.dtype_bytes, ctx.precision)
 
 
 @lru_cache(maxsize=65536)
-def _with_moe_activations(acts: ActivationsEstimate, shape: ModelShape, key: LayerKey,
-                          dtype_bytes: int) -> ActivationsEstimate:
-    scale = moe_activation_scale(shape, key, acts.per_layer_bytes, dtype_bytes)
-    if scale == 1.0:
+def _adjusted_activations(acts: ActivationsEstimate, shape: ModelShape, key: LayerKey, dtype_bytes: int,
+                          precision: str) -> ActivationsEstimate:
+    """MoE layers' routed rows instead of a dense MLP's; FP8 GEMM inputs kept in fp8."""
+    extra = (moe_activation_scale(shape, key, acts.per_layer_bytes, dtype_bytes) - 1) * acts.per_layer_bytes
+    if precision == "fp8":
+        extra -= fp8_saved_activation_bytes(rank_shape(shape, key.cp), key.tp, key.sp, key.mb, key.recompute,
+                                            dtype_bytes)
+    if extra == 0:
         return acts
-    extra = (scale - 1) * acts.per_layer_bytes
     return dataclasses.replace(
         acts, first_stage_bytes=int(acts.first_stage_bytes + extra * acts.first_stage_layers_in_flight),
         last_stage_bytes=int(acts.last_stage_bytes + extra * acts.last_stage_layers_in_flight),
