@@ -309,7 +309,7 @@ def _time_line(est: LayoutEstimate) -> str:
     b, step = est.breakdown, est.step_time_s
     parts = {"compute": b.compute_s, "pipeline bubble": b.bubble_s, "TP comm": b.tp_exposed_s,
              "PP p2p": b.pp_exposed_s, "DP comm (exposed)": b.dp_exposed_s, "optimizer": b.optimizer_s,
-             "offload": b.offload_s}
+             "offload": b.offload_s, "EP all-to-all": b.ep_exposed_s, "CP K/V ring (exposed)": b.cp_exposed_s}
     shares = ", ".join(f"{k} {v / step:.0%}" for k, v in parts.items() if v / step >= 0.005)
     worst = max((k for k in parts if k != "compute"), key=lambda k: parts[k])
     limit = f"largest overhead: {worst} ({parts[worst] / step:.1%} of the step)"
@@ -318,6 +318,9 @@ def _time_line(est: LayoutEstimate) -> str:
         limit += f", bubble fraction (p-1)/(v*m+p-1) = {est.bubble_fraction:.1%} with m={est.num_microbatches}"
     elif worst == "DP comm (exposed)":
         limit += f"; DP sends {est.comm.dp_bytes / 1e9:.2f} GB per GPU per step in {est.comm.dp_s:.3g} s"
+    elif worst == "EP all-to-all":
+        limit += (f"; dispatch and combine send {est.comm.ep_bytes / 1e9:.2f} GB per GPU per step in "
+                  f"{est.comm.ep_s:.3g} s over ep({est.layout.ep})")
     return f"time: {shares}; {limit}."
 
 
