@@ -28,6 +28,8 @@ def render_ds_config(plan: Plan) -> dict:
         "comms_logger": {"enabled": spec.tracking.comms_logger, "verbose": False, "prof_all": True,
                          "debug": False},
     }
+    if lay.cp > 1:   # DeepSpeed-Ulysses: the sequence-parallel ranks share one data-parallel batch
+        config["sequence_parallel_size"] = lay.cp
     if lay.pp > 1:
         config["pipeline"] = {"stages": lay.pp, "partition": "parameters",
                               "activation_checkpoint_interval": 1 if lay.recompute == "full" else 0,

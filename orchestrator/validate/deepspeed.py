@@ -358,8 +358,9 @@ def _section_type(section: dict, label: str, name: Any, path: str, known_ok: boo
 
 def check_batch(config: dict, *, world_size: int | None, model_parallel_size: int = 1,
                 path: str = "ds_config.json") -> list[Problem]:
-    """The three batch keys agree with each other and with dp = world_size / model_parallel_size."""
-    problems, dp = _data_parallel_size(world_size, model_parallel_size, path)
+    """The three batch keys agree with each other and with dp = world_size / model_parallel_size (and
+    / sequence_parallel_size: DeepSpeed-Ulysses ranks share a batch, as DeepSpeedConfig divides them out)."""
+    problems, dp = _data_parallel_size(world_size, with_ulysses(config, model_parallel_size), path)
     values: dict[str, int] = {}
     for key in BATCH_KEYS:
         value = config.get(key)
@@ -374,6 +375,15 @@ def check_batch(config: dict, *, world_size: int | None, model_parallel_size: in
     if problems or any(_is_auto(config.get(k)) for k in BATCH_KEYS):
         return problems
     return _batch_rule(values, dp, path)
+
+
+def with_ulysses(config: dict, model_parallel_size: int) -> int:
+    """The ranks that share one data-parallel batch: tp * pp, times the Ulysses degree when the config
+    sets ``sequence_parallel_size`` (DeepSpeedConfig divides the world by it)."""
+    ulysses = config.get("sequence_parallel_size")
+    if _is_whole(ulysses) and not isinstance(ulysses, (bool, float)) and ulysses > 1:
+        return model_parallel_size * ulysses
+    return model_parallel_size
 
 
 def _data_parallel_size(world_size: int | None, model_parallel_size: int,
@@ -451,7 +461,7 @@ def check_ds_config_with_deepspeed(config: dict, *, world_size: int, model_paral
     """
     if world_size is None:
         raise TypeError("check_ds_config_with_deepspeed needs a world_size (validate_ds_config_file infers one)")
-    problems, dp = _data_parallel_size(world_size, model_parallel_size, path)
+    problems, dp = _data_parallel_size(world_size, with_ulysses(config, model_parallel_size), path)
     if problems:
         return problems
     return probe_ds_configs([ProbeRequest(config, dp, path)])[0].problems
@@ -511,6 +521,7 @@ def validate_ds_config_file(path: str | os.PathLike, *, world_size: int | None, 
 
 def _deep_check(config: dict, world_size: int | None, model_parallel_size: int, path: str,
                 notes: list[str] | None) -> list[Problem]:
+    model_parallel_size = with_ulysses(config, model_parallel_size)
     target = world_size if world_size is not None else _implied_world_size(config, model_parallel_size)
     try:
         result = probe_ds_configs([ProbeRequest(config, target // model_parallel_size, path)])[0]

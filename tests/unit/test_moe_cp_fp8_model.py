@@ -133,3 +133,15 @@ def test_dense_fp8_and_context_parallel_runs_within_the_issue_tolerance(group):
     the physics here predicts, while NVIDIA's token-drop run of the same layout is within 2%)."""
     errors = _errors(group)
     assert statistics.mean(errors) <= 0.20 and max(errors) <= 0.30, errors
+
+
+def test_ulysses_degree_reaches_ds_config_and_its_batch_check():
+    from orchestrator.render.deepspeed import render_ds_config
+    from orchestrator.validate.deepspeed import check_ds_config
+    from tests.conftest import fixed_plan, spec_data
+
+    plan = fixed_plan(spec_data(**{"parallelism.context": 2, "cluster.gpus_per_node": 4}))   # deepspeed on cpu
+    config = render_ds_config(plan)
+    assert config["sequence_parallel_size"] == 2 and plan.layout.dp == 2
+    assert check_ds_config(config, world_size=4, model_parallel_size=1) == []
+    assert check_ds_config({**config, "sequence_parallel_size": 1}, world_size=4, model_parallel_size=1)
