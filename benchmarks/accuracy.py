@@ -12,9 +12,17 @@ Table 1 gives no iteration times; the implied one (eq. 3 FLOPs / (published TFLO
 Then, labelled "not in the reference file" and outside the error statistics, published runs from
 :data:`orchestrator.published.EXTRA_CASES` (BLOOM-176B: 70 layers on pp 12, an uneven 5 + 10 x 6 + 5
 split), predicted the same way without tuning anything.
+
+Last, the error of tokens/s per regime (orchestrator.estimate.uncertainty.REGIMES) over every throughput
+run: all of the reference file (Table 1, the Table 2 ZeRO-3 rows, ...), the extra published runs and the
+CPU runs measured on this kind of machine, idle (tests/data/cpu-measured.json, each with its source). A published run's tokens/s is
+implied by its TFLOP/s and eq. 3's FLOPs. ``--write`` stores the per-regime figures in
+orchestrator/estimate/residuals.py, the basis of every LAYOUT's ``uncertainty``.
 """
 from __future__ import annotations
 
+import json
+import math
 import sys
 from pathlib import Path
 
@@ -23,10 +31,16 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.estimate.flops import narayanan_flops  # noqa: E402
 from orchestrator.planner import search  # noqa: E402
-from orchestrator.published import EXTRA_CASES, load_cases, published_estimate, throughput_spec  # noqa: E402
+from orchestrator.estimate.uncertainty import REGIMES  # noqa: E402
+from orchestrator.plan import build_plan  # noqa: E402
+from orchestrator.published import (EXTRA_CASES, case_regime, load_cases, published_estimate,  # noqa: E402
+                                    throughput_spec)
+from orchestrator.spec import parse_spec  # noqa: E402
 from orchestrator.stages import stage_split  # noqa: E402
 
 CASES = ROOT / "tests" / "data" / "published-cases.json"
+CPU_MEASURED = ROOT / "tests" / "data" / "cpu-measured.json"
+RESIDUALS = ROOT / "orchestrator" / "estimate" / "residuals.py"
 TARGET_MAE = 0.10
 
 
@@ -55,7 +69,80 @@ def main() -> int:
     print(f"\nmean absolute error over {len(errors)} rows: {mae:.1%} (target < {TARGET_MAE:.0%}); "
           f"worst {max(errors):.1%} (test tolerance 15%)")
     print_extra_cases()
+    table = residual_table(regime_rows())
+    print_regimes(table)
+    if "--write" in sys.argv[1:]:
+        write_residuals(table)
     return 0 if mae < TARGET_MAE else 1
+
+
+def case_source(case: dict) -> str:
+    return case["source"].split(",")[0].split(" (")[0].strip()
+
+
+def published_row(case: dict) -> dict:
+    """Predicted vs published tokens/s of a published throughput run (its layout fixed)."""
+    m, pub, gpus = case["model"], case["published"], case["cluster"]["gpus"]
+    est = published_estimate(case)
+    flops = narayanan_flops(case["global_batch"], m["seq_len"], m["layers"], m["hidden"], m["vocab"])
+    implied_step = flops / (pub["tflops_per_gpu"] * 1e12 * gpus)
+    tokens = case["global_batch"] * m["seq_len"]
+    return {"id": case["id"], "regime": case_regime(case), "predicted": est.tokens_per_s,
+            "reference": tokens / implied_step, "source": case_source(case)}
+
+
+def measured_rows() -> list[dict]:
+    """CPU runs measured here: the spec (its layout fixed) planned as orch plan would, vs the median."""
+    if not CPU_MEASURED.exists():
+        return []
+    rows = []
+    for run in json.loads(CPU_MEASURED.read_text()):
+        chosen = build_plan(parse_spec(run["spec"])).chosen
+        rows.append({"id": run["id"], "regime": chosen["uncertainty"]["regime"], "predicted": chosen["tokens_per_s"],
+                     "reference": run["measured"]["tokens_per_s_median"],
+                     "source": "CPU runs of tests/data/cpu-measured.json"})
+    return rows
+
+
+def regime_rows() -> list[dict]:
+    cases = [c for c in load_cases(CASES, "throughput")] + list(EXTRA_CASES)
+    return [published_row(c) for c in cases] + measured_rows()
+
+
+def residual_table(rows: list[dict]) -> dict:
+    """Per regime: rms and mean absolute relative error of tokens/s, the runs and their sources."""
+    table = {}
+    for regime in REGIMES:
+        mine = [r for r in rows if r["regime"] == regime]
+        errors = [r["predicted"] / r["reference"] - 1 for r in mine]
+        sources = sorted({r["source"] for r in mine})
+        table[regime] = {"n": len(mine), "rms": round(math.sqrt(sum(e * e for e in errors) / len(errors)), 3)
+                         if errors else 0.0,
+                         "mean_abs": round(sum(abs(e) for e in errors) / len(errors), 3) if errors else 0.0,
+                         "source": "; ".join(sources), "rows": [(r["id"], round(e, 3)) for r, e in zip(mine, errors)]}
+    return table
+
+
+def print_regimes(table: dict) -> None:
+    print("\nerror of predicted tokens/s per regime (published layout fixed; + = predicted too fast):")
+    for regime, row in table.items():
+        if not row["n"]:
+            print(f"  {regime:<20} no reference runs")
+            continue
+        print(f"  {regime:<20} n={row['n']:<3} mean |error| {row['mean_abs']:6.1%}  rms {row['rms']:6.1%}  "
+              f"({row['source']})")
+        for case_id, err in row["rows"]:
+            print(f"      {case_id:<44} {err:+7.1%}")
+    everything = [e for row in table.values() for _, e in row["rows"]]
+    print(f"  all regimes: n={len(everything)}, mean |error| {sum(map(abs, everything)) / len(everything):.1%}")
+
+
+def write_residuals(table: dict) -> None:
+    data = {k: {"n": v["n"], "rms": v["rms"], "mean_abs": v["mean_abs"], "source": v["source"]}
+            for k, v in table.items() if v["n"]}
+    RESIDUALS.write_text('"""Generated by `python benchmarks/accuracy.py --write`: the cost model\'s error per regime. '
+                         'Do not edit."""\nRESIDUALS = ' + json.dumps(data, indent=4, sort_keys=True) + "\n")
+    print(f"wrote {RESIDUALS.relative_to(ROOT)}")
 
 
 def print_extra_cases() -> None:

@@ -12,8 +12,8 @@ those v for which every stage's count divides by v (the balanced split is recomp
 parallel when tp > 1; recompute none /
 selective / full (selective is the same as none with flash attention, so it is skipped there); ZeRO 0-3
 (0-1 with pp > 1, 0 when dp = 1); offload none / optimizer (ZeRO >= 1) / optimizer+params (ZeRO-3), only
-with pp = 1. A layout fits when its busiest GPU needs at most (1 - CostModel.hbm_headroom) of HBM and what
-it offloads fits its share of host memory (cluster.host_memory_GiB / gpus_per_node).
+with pp = 1 and never on gpu cpu (the host is the device: offload cannot pay off). A layout fits when its
+busiest GPU needs at most (1 - CostModel.hbm_headroom) of HBM and what it offloads fits its share of host memory (cluster.host_memory_GiB / gpus_per_node).
 Ranking: predicted step time, ties broken by memory. Every enumerated layout also passes
 :func:`orchestrator.layout.check_layout`.
 
@@ -31,6 +31,7 @@ from .errors import Problem, SpecError
 from .estimate.comm import group_placement
 from .estimate.cost import CostModel
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
+from .estimate.uncertainty import plus_minus
 from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
 from .spec import ParallelismSpec, Spec
 from .stages import balanced_split, split_issues, stage_split
@@ -173,7 +174,7 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
             recomputes = [r for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
             for rec in _opt(fixed.recompute, recomputes):
                 for zero in _opt(fixed.zero_stage, _zero_options(pp, dp)):
-                    for off in _opt(fixed.offload, _offload_options(pp, zero)):
+                    for off in _opt(fixed.offload, _offload_options(pp, zero, spec.cluster.gpu)):
                         yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
                                      sequence_parallel=sp, recompute=rec, offload=off,
                                      first_stage_layers=split[0], last_stage_layers=split[1],
@@ -235,8 +236,10 @@ def _zero_options(pp: int, dp: int) -> list[int]:
     return [0, 1] if pp > 1 else [0, 1, 2, 3]
 
 
-def _offload_options(pp: int, zero: int) -> list[str]:
-    if pp > 1 or zero == 0:
+def _offload_options(pp: int, zero: int, gpu: str) -> list[str]:
+    """Offload moves states from the device to host memory: never on the CPU target (the host is the
+    device, offload cannot pay off), never with the pipeline engine or without ZeRO."""
+    if pp > 1 or zero == 0 or gpu == "cpu":
         return ["none"]
     return ["none", "optimizer", "optimizer+params"] if zero == 3 else ["none", "optimizer"]
 
@@ -275,8 +278,10 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
             fitting: int) -> list[str]:
     """A few lines for people: why the winner won and what limits it (memory, bubble, network)."""
     top = ranked[0]
-    lines = [f"chose {describe(top)}: {top.step_time_s:.3g} s/step, {top.tflops_per_gpu:.3g} TFLOP/s per GPU, "
-             f"MFU {top.mfu:.1%}; {fitting} of {considered} layouts fit."]
+    pm = plus_minus(top.uncertainty)
+    lines = [f"chose {describe(top)}: {top.step_time_s:.3g} s/step, {top.tokens_per_s:,.0f} tokens/s {pm}, "
+             f"{top.tflops_per_gpu:.3g} TFLOP/s {pm} per GPU, MFU {top.mfu:.1%}; {fitting} of {considered} layouts fit.",
+             f"uncertainty {pm} ({top.uncertainty['regime']}): {top.uncertainty['basis']}."]
     if len(ranked) > 1:
         gap = ranked[1].step_time_s / top.step_time_s - 1
         diff = ", ".join(f"{f.name} {getattr(ranked[1].layout, f.name)}" for f in dataclasses.fields(Layout)
@@ -309,7 +314,8 @@ def _time_line(est: LayoutEstimate) -> str:
     b, step = est.breakdown, est.step_time_s
     parts = {"compute": b.compute_s, "pipeline bubble": b.bubble_s, "TP comm": b.tp_exposed_s,
              "PP p2p": b.pp_exposed_s, "DP comm (exposed)": b.dp_exposed_s, "optimizer": b.optimizer_s,
-             "offload": b.offload_s, "EP all-to-all": b.ep_exposed_s, "CP K/V ring (exposed)": b.cp_exposed_s}
+             "offload": b.offload_s, "engine host work": b.engine_s, "EP all-to-all": b.ep_exposed_s,
+             "CP K/V ring (exposed)": b.cp_exposed_s}
     shares = ", ".join(f"{k} {v / step:.0%}" for k, v in parts.items() if v / step >= 0.005)
     worst = max((k for k in parts if k != "compute"), key=lambda k: parts[k])
     limit = f"largest overhead: {worst} ({parts[worst] / step:.1%} of the step)"

@@ -90,10 +90,10 @@ def case_recompute(case: dict) -> str:
 
 def case_regime(case: dict) -> str:
     """The accuracy regime a case belongs to (benchmarks/accuracy.py reports error per regime)."""
+    from .estimate.uncertainty import regime_of  # noqa: PLC0415
+
     pub = case["published"]
-    if case_engine(case) == "deepspeed":
-        return "DeepSpeed pipeline" if pub["pp"] > 1 else "ZeRO-3 / FSDP" if pub["zero_stage"] >= 2 else "DeepSpeed ZeRO-0/1"
-    return "Megatron FSDP" if pub["zero_stage"] >= 2 else "Megatron PTD-P"
+    return regime_of(case_engine(case), GPU_KEYS.get(case["cluster"]["gpu_type"], "cpu"), pub["pp"], pub["zero_stage"])
 
 
 def published_estimate(case: dict, cost=None):

@@ -113,14 +113,16 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             "peers over PCIe Gen4 (~20 GB/s busbw); typical 200 Gb/s NIC per 2 GPUs; matmul efficiency not "
             "measured in the MAMF table: 0.70 assumed (below the Hopper/Ampere SXM parts)",
             matmul_efficiency=0.70, num_sms=142),
-    GpuSpec("cpu", {"fp32": 1e11, "tf32": 1e11, "bf16": 1e11, "fp16": 1e11},
+    GpuSpec("cpu", {"fp32": 192e9, "tf32": 192e9, "bf16": 192e9, "fp16": 192e9},
             8 * GiB, 20, 1.0, 1.0, 20,
-            "One CPU training process (orch's CPU test target). Peak 100 GFLOP/s: one x86-64 core with two "
-            "AVX2 FMA units, 8 fp32 lanes each, at ~3 GHz (2*2*8*3e9 = 96e9), rounded. 'HBM' is the share "
+            "One CPU training process (orch's CPU test target). Peak 192 GFLOP/s fp32: one AVX-512 core with two "
+            "FMA units, 16 fp32 lanes each, at ~3 GHz (2*2*16*3e9); measured on the target (Xeon with AVX-512, "
+            "torch.matmul fp32, one thread, 2026-12-01): 190-202 GFLOP/s for (128..512) x (128..512) x (128..512) "
+            "shapes, with no penalty for short K, so the matmul efficiency is 1.0. 'HBM' is the share "
             "of host memory a process may use; bandwidths are gloo over loopback (~1 GB/s measured, "
-            "10M fp32 all_reduce in ~40 ms on 2 processes); matmul efficiency 0.5 assumed (BLAS sgemm on "
-            "one core), one 'SM' (no wave quantisation). Runtime memory: no CUDA context; python + torch + "
-            "deepspeed hold ~0.24 GiB of RSS after import and ~0.5 GiB training the tiny model (measured): 0.4 GiB",
-            matmul_efficiency=0.5, num_sms=1, sustained_clock_fraction=1.0,
+            "10M fp32 all_reduce in ~40 ms on 2 processes); one 'SM' (no wave quantisation). Runtime memory: no "
+            "CUDA context; python + torch + deepspeed hold ~0.24 GiB of RSS after import and ~0.5 GiB training "
+            "the tiny model (measured): 0.4 GiB",
+            matmul_efficiency=1.0, num_sms=1, sustained_clock_fraction=1.0,
             attention_efficiency=0.25, runtime_bytes=400 * MiB),
 ]}

@@ -54,7 +54,7 @@ def calibrated_cost(path: str | None, spec):
 
 
 COLUMNS = ("#", "layout", "recompute", "params", "grads", "optim", "acts", "other", "total GiB", "bubble",
-           "TP s", "PP s", "DP s", "step s", "tokens/s", "TFLOP/s", "MFU")
+           "TP s", "PP s", "DP s", "step s", "tokens/s", "TFLOP/s", "±", "MFU")
 
 
 def render_table(spec, result):
@@ -73,6 +73,8 @@ def render_table(spec, result):
 
 
 def _row(rank: int, est) -> list[str]:
+    from ..estimate.uncertainty import plus_minus
+
     lay, mem, comm = est.layout, est.memory, est.comm
     name = lay.tag() + (" sp" if lay.sequence_parallel else "") + (
         f" offload={lay.offload}" if lay.offload != "none" else "")
@@ -80,4 +82,4 @@ def _row(rank: int, est) -> list[str]:
                                                     "activations_bytes", "other_bytes", "total_bytes")]
     return [str(rank), name, lay.recompute, *gib, f"{est.bubble_fraction:.1%}", f"{comm.tp_exposed_s:.2f}",
             f"{comm.pp_exposed_s:.2f}", f"{comm.dp_exposed_s:.2f}", f"{est.step_time_s:.3g}",
-            f"{est.tokens_per_s:,.0f}", f"{est.tflops_per_gpu:.3g}", f"{est.mfu:.1%}"]
+            f"{est.tokens_per_s:,.0f}", f"{est.tflops_per_gpu:.3g}", plus_minus(est.uncertainty), f"{est.mfu:.1%}"]

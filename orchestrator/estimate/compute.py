@@ -48,8 +48,8 @@ ADAM_BYTES_PER_PARAM = 36  # read master, m, v, fp32 grad; write master, m, v, 1
 @lru_cache(maxsize=65536)
 def matmul_efficiency(m: int, n: int, k: int, num_sms: int, ceiling: float, batch: int = 1) -> float:
     """Achievable fraction of peak for an (m x k) @ (k x n) GEMM, ``batch`` times (see module doc)."""
-    if num_sms <= 1:
-        return ceiling * k / (k + K_OVERHEAD)
+    if num_sms <= 1:     # a CPU core: no tiles, no GPU tile prologue (measured: no short-K penalty, catalog)
+        return ceiling
     best = 0.0
     for tm, tn, rel in TILES:
         tiles = ceil(m / tm) * ceil(n / tn) * batch

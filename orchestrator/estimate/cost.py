@@ -74,6 +74,15 @@ class CostModel:
     tp_comm_overlap: float = 0.75
     # Pipeline p2p in 1F1B: send/recv pairs are waited on before the next micro-batch; none hidden.
     pp_overlap: float = 0.0
+    # --- engine host overheads (DeepSpeed) ------------------------------------------------------------
+    # Host time of one ZeRO-3 module fetch (DeepSpeed's pre-forward/pre-backward hooks: status checks, the
+    # all-gather call and its wait, the release after use), on the critical path: the hook blocks the thread
+    # that launches the next kernels. Measured with benchmarks/ds_host_overhead.py on the CPU target.
+    zero3_fetch_host_s: float = 0.64e-3
+    # Host time of one micro-batch in DeepSpeed's pipeline engine (its instruction interpreter runs
+    # LoadMicroBatch, Forward/BackwardPass and the blocking Send/Recv instructions one by one).
+    # Measured with benchmarks/ds_host_overhead.py on the CPU target.
+    pipeline_microbatch_host_s: float = 1.08e-3
     # --- offload ----------------------------------------------------------------------------------
     # DeepSpeed CPU-Adam throughput per GPU process (parameters updated per second). ZeRO-Offload
     # (Ren et al. 2021, arXiv 2101.06840) reports ~1B-parameter steps in a few tenths of a second on a

@@ -20,6 +20,7 @@ allocator fragmentation as a fraction of activations.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .activations import ActivationsEstimate
@@ -129,6 +130,7 @@ class MemoryEstimate:
     host_capacity_bytes: float = float("inf")   # host memory this GPU's process may use for offload
     stage: str = "first"         # the busiest pipeline stage: "first", "last" or "middle" (stage 1, pp > 2)
     overheads: OverheadEstimate | None = field(default=None, compare=False)
+    stage_totals: dict = field(default_factory=dict, compare=False)   # peak bytes per rank of every stage kind
 
     @property
     def total_bytes(self) -> float:
@@ -147,6 +149,8 @@ class MemoryEstimate:
         d.update(fits=self.fits, stage=self.stage)
         if self.overheads is not None:
             d["other"] = {k: int(round(v)) for k, v in vars(self.overheads).items()}
+        if self.stage_totals:
+            d["stages"] = {k: int(round(v)) for k, v in self.stage_totals.items()}
         return d
 
 
@@ -162,11 +166,13 @@ def stage_memory(states: ModelStatesEstimate, activations: float, overheads: Ove
 
 
 def busiest_stage(first: MemoryEstimate, last: MemoryEstimate, middle: MemoryEstimate | None = None) -> MemoryEstimate:
-    """The stage needing the most memory; ties go to the first, then the last stage."""
+    """The stage needing the most memory (ties go to the first, then the last stage), recording the peak
+    per rank of every stage kind in ``stage_totals``."""
     busiest = first if first.total_bytes >= last.total_bytes else last
     if middle is not None and middle.total_bytes > busiest.total_bytes:
-        return middle
-    return busiest
+        busiest = middle
+    totals = {m.stage: m.total_bytes for m in (first, middle, last) if m is not None}
+    return dataclasses.replace(busiest, stage_totals=totals)
 
 
 def activation_bytes_for(acts: ActivationsEstimate, stage: str) -> int:

@@ -28,7 +28,7 @@ from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, 
                    ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import grad_reduce_bytes
+from .engines import gathers_per_layer, grad_reduce_bytes
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .hardware import Hardware, hardware_for
@@ -39,6 +39,7 @@ from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimat
 from .params import ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank, model_shape
 from .pipeline import bubble_fraction, pipeline_time_s
 from .precision import fp8_saved_activation_bytes, fp8_weight_bytes, weight_cast_s
+from .uncertainty import layout_uncertainty, regime_of
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class StepBreakdown:
     offload_s: float        # ZeRO-3 parameter fetches from host (optimizer+params)
     ep_exposed_s: float = 0.0   # expert all-to-all (dispatch and combine) on the slowest stage
     cp_exposed_s: float = 0.0   # context-parallel K/V exchange not hidden behind attention
+    engine_s: float = 0.0   # the runtime's own host work on the critical path (DeepSpeed: ZeRO-3 fetch hooks,
+                            # the pipeline engine's per-micro-batch instructions)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class LayoutEstimate:
     bubble_fraction: float
     comm: CommEstimate
     breakdown: StepBreakdown
+    uncertainty: dict          # expected relative error of tokens_per_s, its regime and basis (uncertainty.py)
 
     @property
     def grad_accum_steps(self) -> int:
@@ -121,6 +125,7 @@ class LayoutEstimate:
             "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
             "hfu": self.hfu, "bubble_fraction": self.bubble_fraction, "comm": self.comm.to_dict(),
             "breakdown": {k: float(v) for k, v in vars(self.breakdown).items()},
+            "uncertainty": dict(self.uncertainty),
         }
 
 
@@ -243,7 +248,9 @@ def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
         layout=lay, engine=ctx.engine, num_microbatches=m, memory=memory, flops=flops, step_time_s=step,
         tokens_per_s=ctx.global_batch * shape.seq_length / step, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / hw.peak_flops, hfu=flops.hardware_flops / (step * world) / hw.peak_flops,
-        bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown)
+        bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown,
+        uncertainty=layout_uncertainty(regime_of(ctx.engine, hw.name, lay.pp, lay.zero_stage),
+                                       calibrated=cost != CostModel()))
 
 
 @dataclass(frozen=True)
@@ -307,7 +314,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
         inter = tp * lay.cp * dp * pp > gpn
         one_bytes, one_s = pipeline_transfer(tokens=tokens, hidden=shape.hidden_size, tp_pl=tp_pl,
                                              sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
-        x = 2 * vpp * one_s
+        x = p2p_transfers_per_microbatch(ctx.engine, vpp) * one_s
         x_exposed = (1 - cost.pp_overlap) * x
         pp_bytes, pp_s = 2 * vpp * m * one_bytes, m * x
         if shape.tie_embeddings:
@@ -315,8 +322,10 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             emb_sync = all_reduce_s(emb_bytes, Placement(2, 1, 2) if inter else Placement(2, 2, 1), hw)
             pp_bytes += ring_bytes(emb_bytes, 2, "all_reduce")
             pp_s += emb_sync
+    host_mb = cost.pipeline_microbatch_host_s if ctx.engine == "deepspeed" and pp > 1 else 0.0
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
-                           p2p_s=x_exposed)
+                           p2p_s=x_exposed + host_mb)
+    engine_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0
     reduce_layers = _layers_holding_most_params(split, params)
     def dp_work(elements: float) -> DataParallelWork:
         return DataParallelWork(
@@ -328,7 +337,9 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     if ctx.precision == "fp8":
         optimizer_s += weight_cast_s(params.per_gpu, hw)
-    step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync
+    fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m)
+    engine_s += fetch_host_s
+    step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s
     tp_total = m * stage_layers * tp_s
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
@@ -339,11 +350,12 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                         ep_exposed_s=m * stage_layers * ep_exposed,
                         cp_bytes=m * stage_layers * rl.cp_bytes, cp_s=m * stage_layers * rl.cp_s,
                         cp_exposed_s=m * stage_layers * rl.cp_exposed_s)
-    fill = pipe - m * (slowest + x_exposed)
+    fill = pipe - m * (slowest + x_exposed) - (engine_s - fetch_host_s)
     breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * (tp_exposed + ep_exposed + rl.cp_exposed_s)),
                               bubble_s=fill, ep_exposed_s=comm.ep_exposed_s, cp_exposed_s=comm.cp_exposed_s,
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
-                              dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s)
+                              dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s,
+                              engine_s=engine_s)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
 
 
@@ -361,6 +373,25 @@ def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, lay
     experts = data_parallel_comm(work(expert), group_placement(lay.edp, lay.etp * lay.ep, gpn), cost.dp_overlap, hw)
     return DataParallelComm(*(getattr(dense, f) + getattr(experts, f) for f in
                               ("bytes", "time_s", "exposed_s", "reduce_s", "calls")))
+
+
+def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -> float:
+    """DeepSpeed ZeRO-3's host time per step: one hook-driven fetch per module (estimate/engines.py) in
+    every forward, recomputed forward and backward of every micro-batch."""
+    if ctx.engine != "deepspeed" or lay.zero_stage != 3 or lay.dp <= 1:
+        return 0.0
+    passes = 3 if lay.recompute == "full" else 2
+    return m * passes * (layers * gathers_per_layer("deepspeed") + 1) * ctx.cost.zero3_fetch_host_s
+
+
+def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
+    """Exposed pipeline transfers per micro-batch on a stage's critical path. Megatron's 1F1B sends the
+    activation forward and receives the gradient in one batched exchange (p2p_communication.py:
+    send_forward_recv_backward / send_backward_recv_forward), one each way per chunk: 2v. DeepSpeed's
+    pipeline engine runs SendActivation, RecvActivation, SendGrad and RecvGrad as separate blocking
+    instructions (deepspeed/runtime/pipe/schedule.py TrainSchedule, engine.py _exec_send_activations ...):
+    4, none overlapped."""
+    return 4 if engine == "deepspeed" else 2 * vpp
 
 
 def _layers_holding_most_params(split: StageSplit, params: ParamsEstimate) -> int:

@@ -57,8 +57,13 @@ def test_fit_recovers_a_known_cost_model(runs):
     assert cal.error_before_pct > 20 and cal.error_after_pct < 0.5
     assert set(cal.fitted) == {"matmul_efficiency", "attention_efficiency", "kernel_gap_s", "intra_node_efficiency",
                                "dp_overlap"}
-    assert cal.fitted["matmul_efficiency"] == pytest.approx(0.3, rel=0.02)
-    assert cal.fitted["attention_efficiency"] == pytest.approx(0.15, rel=0.02)
+    # On the CPU target GEMMs and fused attention both run at a fixed fraction of one core's peak (no tile or
+    # short-K effects), so these runs only pin their combined compute time, not each efficiency: check that.
+    fitted = dataclasses.replace(TRUE, **cal.fitted)
+    for overrides in LAYOUTS.values():
+        spec = parse_spec(spec_data(**overrides))
+        obs = Observation(source="x", label="x", spec=spec, layout=require_complete(spec), measured={})
+        assert predict(obs, fitted)["compute_s"] == pytest.approx(truth(overrides)["compute_s"], rel=0.01)
     assert cal.fitted["kernel_gap_s"] == pytest.approx(2e-5, rel=0.05)
     assert cal.fitted["intra_node_efficiency"] == pytest.approx(0.3, rel=0.02)
 

@@ -30,6 +30,7 @@ def test_plan_prints_a_ranked_table(name, capsys):
     for rank in ("1", "2", "3"):
         assert f"│ {rank} │" in out
     assert "- chose " in out and "- memory:" in out and "- time:" in out
+    assert "- uncertainty ±" in out and "TFLOP/s ±" in out
 
 
 @pytest.mark.parametrize("name", PLAN_EXAMPLES)

@@ -17,7 +17,7 @@ LAYOUT = Layout(tp=4, pp=4, vpp=3, dp=4, zero_stage=1, micro_batch_size=2, seque
                 recompute="selective", offload="none")
 LAYOUT_KEYS = {"tp", "pp", "vpp", "dp", "zero_stage", "micro_batch_size", "grad_accum_steps", "num_microbatches",
                "sequence_parallel", "recompute", "offload", "memory", "flops_per_step", "step_time_s", "tokens_per_s",
-               "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "comm"}
+               "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "comm", "engine", "uncertainty"}
 MEMORY_KEYS = {"params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes", "total_bytes",
                "hbm_bytes", "fits"}
 COMM_KEYS = {"dp_bytes", "tp_bytes", "pp_bytes", "dp_s", "tp_s", "pp_s", "exposed_s"}
@@ -109,7 +109,8 @@ def test_uneven_split_step_time_follows_the_slowest_stage():
                  recompute="full", offload="none", first_stage_layers=5, last_stage_layers=5)
     est = estimate_layout(spec, lay)
     b = est.breakdown
-    step = b.compute_s + b.bubble_s + b.tp_exposed_s + b.pp_exposed_s + b.dp_exposed_s + b.optimizer_s + b.offload_s
+    step = (b.compute_s + b.bubble_s + b.tp_exposed_s + b.pp_exposed_s + b.dp_exposed_s + b.optimizer_s + b.offload_s
+            + b.engine_s)
     assert est.step_time_s == pytest.approx(step)
     assert est.to_dict()["first_stage_layers"] == 5 and est.to_dict()["last_stage_layers"] == 5
     assert "first_stage_layers" not in estimate_layout(SPEC, LAYOUT).to_dict()   # even: the record is unchanged

@@ -122,3 +122,15 @@ def test_layers_not_dividing_pp_become_the_balanced_uneven_split():
     assert est.fits and est.layout.micro_batch_size == 2 and est.layout.vpp == 1   # gcd(5, 6, 5) = 1
     assert all((c["model"]["layers"] % c["published"]["pp"] == 0) for c in TABLE1)   # Table 1 stays even
     assert all(throughput_spec(c).parallelism.first_stage_layers is None for c in TABLE1)
+
+
+THROUGHPUT = load_cases(ROOT / "tests" / "data" / "published-cases.json", "throughput")
+
+
+@pytest.mark.parametrize("case", THROUGHPUT, ids=_ids(THROUGHPUT))
+def test_every_published_run_is_judged_to_fit(case):
+    """No false out-of-memory: each published layout (its engine, ZeRO stage, micro-batch) fits, on every
+    pipeline stage kind the memory record lists."""
+    est = published_estimate(case)
+    assert est.fits
+    assert max(est.memory.stage_totals.values()) <= est.memory.usable_bytes
