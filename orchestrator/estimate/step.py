@@ -249,7 +249,8 @@ def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
         tokens_per_s=ctx.global_batch * shape.seq_length / step, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / hw.peak_flops, hfu=flops.hardware_flops / (step * world) / hw.peak_flops,
         bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown,
-        uncertainty=layout_uncertainty(regime_of(ctx.engine, hw.name, lay.pp, lay.zero_stage),
+        uncertainty=layout_uncertainty(regime_of(ctx.engine, hw.name, lay.pp, lay.zero_stage,
+                                                 moe=shape.moe is not None, cp=lay.cp),
                                        calibrated=cost != CostModel()))
 
 
