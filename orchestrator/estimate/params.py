@@ -178,6 +178,7 @@ def moe_layer_params_per_rank(shape: ModelShape, tp: int, ep: int, etp: int) -> 
     return dense // tp + experts // (ep * etp) + replicated
 
 
+@lru_cache(maxsize=4096)
 def expert_params_per_layer_per_rank(shape: ModelShape, ep: int, etp: int) -> float:
     """Routed-expert weights of one rank per layer (mean over the layers): what the expert-data-parallel
     group (not the data-parallel one) reduces and shards."""

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import Problem, SpecError
-from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
+from ..layout import FIELD_PATHS, Layout, check_layout
 from ..spec import Spec, default_engine, default_host_memory_GiB
-from ..stages import StageSplit
+from ..stages import StageSplit, stage_split
 from .activations import ActivationsEstimate, estimate_activations
 from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
                    ring_bytes, tensor_parallel_layer_comm)
@@ -145,7 +145,12 @@ def num_microbatches(ctx: EstimateContext, lay: Layout) -> int:
 
 
 def split_of(ctx: EstimateContext, lay: Layout) -> StageSplit:
-    return layout_split(ctx.shape.num_layers, lay)
+    return _split(ctx.shape.num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
+
+
+@lru_cache(maxsize=4096)
+def _split(num_layers: int, pp: int, first: int | None, last: int | None) -> StageSplit:
+    return stage_split(num_layers, pp, first, last)
 
 
 def params_of(ctx: EstimateContext, lay: Layout) -> ParamsEstimate:
