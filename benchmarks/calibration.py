@@ -50,7 +50,7 @@ def make_run_dir(out: Path, parallelism: dict, steps: int) -> Path:
     data["training"]["train_iters"] = steps
     data["training"]["checkpoint"] = {"dir": "checkpoints", "interval": steps}
     data["tracking"]["wandb"]["mode"] = "disabled"
-    return write_run_dir(build_plan(parse_spec(data)), out, force=True)
+    return write_run_dir(build_plan(parse_spec(data)), out, force=True, discard_outputs=True)
 
 
 def train(run_dir: Path) -> float:

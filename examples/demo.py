@@ -9,6 +9,7 @@ Run dirs land in demo-runs/ (metrics.jsonl, W&B offline run under wandb/, logs/)
 """
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -21,8 +22,13 @@ ORCH = str(Path(sys.executable).parent / "orch")
 CASES = [("tiny-gpt-cpu", "data parallel, ZeRO-2"), ("tiny-gpt-cpu-pp2", "2 pipeline stages, 4 micro-batches")]
 
 
+def bold(text: str) -> str:
+    """Bold on a terminal; plain text in a log file or a pipe (no raw escape codes)."""
+    return f"\033[1m{text}\033[0m" if sys.stdout.isatty() and not os.environ.get("NO_COLOR") else text
+
+
 def step(title: str, *argv: str) -> None:
-    print(f"\n\033[1m$ orch {' '.join(shlex.quote(a) for a in argv)}\033[0m   # {title}", flush=True)
+    print(f"\n{bold('$ orch ' + ' '.join(shlex.quote(a) for a in argv))}   # {title}", flush=True)
     result = subprocess.run([ORCH, *argv], cwd=ROOT)
     if result.returncode != 0:
         sys.exit(f"demo: `orch {' '.join(argv)}` failed with exit code {result.returncode}")
@@ -35,7 +41,8 @@ def main() -> None:
     for name, what in CASES:
         spec, run = f"examples/{name}.yaml", OUT / name
         step(f"{what}: rank the layouts", "plan", spec, "--top", "3")
-        step("write the run dir", "generate", spec, "-o", str(run), "--force")
+        step("write the run dir (afresh: the last demo's outputs go)", "generate", spec, "-o", str(run), "--force",
+             "--discard-outputs")
         step("check it with DeepSpeed's and Megatron-Core's own config classes", "validate", str(run))
         step("train for real: 2 processes on this CPU", "launch", str(run), "--wait")
         runs.append(str(run))

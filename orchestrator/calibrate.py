@@ -32,6 +32,11 @@ ones) and refined by golden-section search around the best point, for up to 3 sw
 all terms together (in the unit cube of their ranges) from that point. Everything not fitted keeps its
 default.
 
+**Only what the runs determine**: the fit uses fewer terms than the runs measured values (one run of dp > 1
+measures three, so it fits two terms: compute efficiency and bandwidth, not the overlap), and a rate or
+efficiency that runs to the edge of its range is left at its default and fitted again without it. Each
+term left out is a warning (printed, and kept in calib.json's ``fit.warnings``).
+
 All runs must come from one cluster (GPU type, GPUs per node, interconnect overrides) and one precision
 (efficiencies are fractions of the peak for that precision): mixing them is refused (exit 2).
 """
@@ -63,6 +68,7 @@ TOLERANCE = 1e-6
 NM_STEP = 0.05
 NM_ITERATIONS = 600
 NM_TOLERANCE = 1e-10
+EDGE = 0.01          # a log-scaled term within 1% of either end of its range was not determined by the runs
 TOP_KEYS = ("calibration_version", "orch_version", "cluster", "cost_model", "fit")
 CLUSTER_KEYS = ("gpu", "gpus_per_node", "precision", "intra_node_bandwidth_GBps", "inter_node_bandwidth_GBps")
 
@@ -282,13 +288,15 @@ class Calibration:
     runs: list              # per run: source, label, measured, predicted before and after
     error_before_pct: float   # rms_error_pct with the default cost model
     error_after_pct: float    # ... and with the fitted one
+    warnings: list = dataclasses.field(default_factory=list)   # terms left at their defaults, and why
 
     def to_dict(self) -> dict:
         return {"calibration_version": CALIBRATION_VERSION, "orch_version": __version__, "cluster": self.cluster,
                 "cost_model": self.fitted,
                 "fit": {"method": "least squares of log(predicted/measured) over compute_s, dp_reduction_s and "
                                   "step_time_s; coordinate descent", "runs": self.runs,
-                        "rms_error_pct": {"before": self.error_before_pct, "after": self.error_after_pct}}}
+                        "rms_error_pct": {"before": self.error_before_pct, "after": self.error_after_pct},
+                        "warnings": list(self.warnings)}}
 
 
 def cluster_of(spec: Spec) -> dict:
@@ -314,12 +322,7 @@ def fit_calibration(runs: list[MeasuredRun], warmup: int | None = None, base: Co
     check_one_cluster(runs)
     base = base or CostModel()
     observations = [observe(run, label, warmup) for run, label in zip(runs, run_labels(runs))]
-    terms = fit_terms(observations, base)
-
-    def objective(values: list[float]) -> float:
-        return sum(e * e for e in log_errors(observations, apply_terms(base, terms, values)))
-
-    values, _ = minimize(objective, terms)
+    terms, values, warnings = identified_fit(observations, base)
     cost = apply_terms(base, terms, values)
     fields = _fitted_fields(terms)
     fitted = {name: getattr(cost, name) for name in fields}
@@ -327,7 +330,27 @@ def fit_calibration(runs: list[MeasuredRun], warmup: int | None = None, base: Co
                 "predicted_before": predict(o, base), "predicted_after": predict(o, cost)} for o in observations]
     return Calibration(cost=cost, fitted=fitted, cluster=cluster_of(runs[0].spec), runs=per_run,
                        error_before_pct=rms_error_pct(observations, base),
-                       error_after_pct=rms_error_pct(observations, cost))
+                       error_after_pct=rms_error_pct(observations, cost), warnings=warnings)
+
+
+def identified_fit(observations: list[Observation], base: CostModel) -> tuple[list[Term], list[float], list[str]]:
+    """Fit the terms the runs determine: fewer terms than measured values (one left over checks the fit),
+    dropping the last terms of :func:`fit_terms` first; then drop any rate or efficiency that ran to the edge
+    of its range (the runs did not determine it) and fit again. Returns terms, values and warnings."""
+    terms = fit_terms(observations, base)
+    measured = sum(1 for o in observations for key in QUANTITIES if o.measured[key])
+    warnings = [f"{t.name} not fitted (kept the default): {measured} measured value(s) leave no check on "
+                f"{len(terms)} terms; add runs of other layouts" for t in terms[max(1, measured - 1):]]
+    terms = terms[:max(1, measured - 1)]
+    while True:
+        values = minimize(lambda v: sum(e * e for e in log_errors(observations, apply_terms(base, terms, v))),
+                          terms)[0] if terms else []
+        edge = [i for i, (t, v) in enumerate(zip(terms, values)) if t.log and not EDGE < _to_unit(t, v) < 1 - EDGE]
+        if not edge:
+            return terms, values, warnings
+        warnings += [f"{terms[i].name} not fitted (kept the default): the fit ran to the edge of its range "
+                     f"({values[i]:.3g}), so these runs do not determine it" for i in edge]
+        terms = [t for i, t in enumerate(terms) if i not in edge]
 
 
 def _fitted_fields(terms: list[Term]) -> list[str]:
@@ -389,6 +412,8 @@ def load_calibration(path: str | Path) -> CalibrationFile:
         raise SpecError(Problem(where, f"cannot read: {e.__class__.__name__}")) from None
     except json.JSONDecodeError as e:
         raise SpecError(Problem(f"{where}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}")) from None
+    except (RecursionError, ValueError) as e:     # nesting too deep, an integer over Python's digit limit
+        raise SpecError(Problem(where, f"invalid JSON: {e.__class__.__name__}: {str(e)[:120]}")) from None
     problems = calibration_problems(data, where)
     terms = data.get("cost_model") if isinstance(data, dict) else None
     cost = None

@@ -13,14 +13,14 @@ offline run directories, W&B run paths) and computes, per run:
   (positive: the cost model over-estimated; None when the measured value is 0);
 - **the time breakdown** of a step, in seconds: compute, pipeline bubble, exposed communication and the
   rest, measured (means over the measured steps; per step the record's compute time, then
-  bubble_fraction * step time, then comm_exposed_s, each clipped to what is left of the step, the
-  remainder is "other") and predicted (plan.json's breakdown: compute + optimizer + offload, bubble,
-  exposed DP + TP + PP communication).
+  bubble_fraction * step time, then comm_exposed_s + alltoall_time_s, each clipped to what is left of the
+  step, the remainder is "other") and predicted (plan.json's breakdown: compute + optimizer + offload,
+  bubble, exposed DP + TP + PP + expert all-to-all + context-parallel communication).
 
 Across runs: the semantic diff (the layout fields and the resolved-spec fields whose values differ) and the
-winner: the run with the highest median tokens/s (per GPU when the world sizes differ; model TFLOP/s per GPU
-when the runs train different models), with the main reason: the breakdown component (per unit of that
-rate) by which the runner-up lost the most time.
+winner: the run with the highest median tokens/s (per GPU when the world sizes differ), with the main reason:
+the breakdown component (per unit of that rate) by which the runner-up lost the most time. Runs of different
+models have no winner (their rates measure different work); the record names the model fields that differ.
 
 Warm-up: the first :data:`WARMUP_STEPS` = 3 steps are left out. Step 1 pays one-time costs (the process
 group's first collectives connect, the framework builds its gradient buckets and communication buffers, the
@@ -41,7 +41,10 @@ WARMUP_STEPS = 3
 P90 = 90.0
 MEDIAN_KEYS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "allreduce_time_s",
                "allreduce_overhead", "comm_exposed_s")
-PREDICTED_KEYS = MEDIAN_KEYS + ("mem_peak_bytes",)
+# MoE and context parallelism (issue 10): medians where every measured step has them, else None (older runs
+# and dense models).
+OPTIONAL_MEDIAN_KEYS = ("alltoall_time_s", "expert_load_imbalance", "tokens_dropped_fraction", "moe_aux_loss")
+PREDICTED_KEYS = MEDIAN_KEYS + ("mem_peak_bytes",) + OPTIONAL_MEDIAN_KEYS
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "dp", "zero_stage", "micro_batch_size", "num_microbatches",
                  "sequence_parallel", "recompute", "offload")
 SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers")   # in a layout record only when set (uneven split)
@@ -78,6 +81,9 @@ def measured_stats(records, warmup: int) -> dict:
     """Medians (and the step time's p90) over records[warmup:]; the peak memory over all records."""
     kept = records[warmup:]
     stats = {key: median(r[key] for r in kept) for key in MEDIAN_KEYS}
+    for key in OPTIONAL_MEDIAN_KEYS:
+        values = [r.get(key) for r in kept]
+        stats[key] = median(values) if all(isinstance(v, (int, float)) for v in values) else None
     stats["step_time_p90_s"] = percentile((r["step_time_s"] for r in kept), P90)
     stats["mem_peak_bytes"] = max(r["mem_peak_bytes"] for r in records)
     return stats
@@ -88,7 +94,8 @@ def step_breakdown(record: dict) -> dict:
     total = record["step_time_s"]
     compute = min(float(record.get("compute_time_s") or 0.0), total)
     bubble = min(record["bubble_fraction"] * total, total - compute)
-    exposed = min(record["comm_exposed_s"], total - compute - bubble)
+    # the trainer's all-to-alls (MoE dispatch/combine, Ulysses) are synchronous: wholly exposed
+    exposed = min(record["comm_exposed_s"] + (record.get("alltoall_time_s") or 0.0), total - compute - bubble)
     return {"compute_s": compute, "bubble_s": bubble, "exposed_comm_s": exposed,
             "other_s": total - compute - bubble - exposed}
 
@@ -105,7 +112,7 @@ def predicted_breakdown(chosen: dict) -> dict:
     if not isinstance(b, dict) or not isinstance(chosen.get("step_time_s"), (int, float)):
         return {}
     compute = b.get("compute_s", 0.0) + b.get("optimizer_s", 0.0) + b.get("offload_s", 0.0)
-    exposed = b.get("dp_exposed_s", 0.0) + b.get("tp_exposed_s", 0.0) + b.get("pp_exposed_s", 0.0)
+    exposed = sum(b.get(f"{kind}_exposed_s", 0.0) for kind in ("dp", "tp", "pp", "ep", "cp"))
     bubble = b.get("bubble_s", 0.0)
     other = chosen["step_time_s"] - compute - bubble - exposed
     return {"compute_s": compute, "bubble_s": bubble, "exposed_comm_s": exposed,
@@ -219,11 +226,16 @@ def flatten(data, prefix: str = "") -> dict:
     return out
 
 
-def winner_criterion(runs: list[RunComparison]) -> str:
-    """tokens_per_s; tokens_per_s_per_gpu when world sizes differ; tflops_per_gpu when the models differ."""
-    models = {repr(spec_to_data(r.run.spec)["model"]) for r in runs}
-    if len(models) > 1:
-        return "tflops_per_gpu"
+def model_differences(runs: list[RunComparison]) -> list[dict]:
+    """The model fields (dotted paths) whose values differ between the runs ([] when they train one model)."""
+    return [row for row in diff_runs(runs)["spec"] if row["path"].startswith("model.")]
+
+
+def winner_criterion(runs: list[RunComparison]) -> str | None:
+    """tokens_per_s; tokens_per_s_per_gpu when world sizes differ; None when the models differ (their
+    throughputs measure different work, so no run wins)."""
+    if model_differences(runs):
+        return None
     return "tokens_per_s" if len({r.run.spec.world_size for r in runs}) == 1 else "tokens_per_s_per_gpu"
 
 
@@ -236,6 +248,8 @@ def rate(run: RunComparison, criterion: str) -> float:
 def pick_winner(runs: list[RunComparison]) -> dict:
     """The fastest run by :func:`winner_criterion` and the main reason it beat the runner-up."""
     criterion = winner_criterion(runs)
+    if criterion is None:
+        return no_winner(runs)
     ranked = sorted(runs, key=lambda r: rate(r, criterion), reverse=True)
     best = ranked[0]
     result = {"label": best.label, "index": runs.index(best), "criterion": criterion,
@@ -249,6 +263,16 @@ def pick_winner(runs: list[RunComparison]) -> dict:
                   reason=reason)
     result["explanation"] = explain(best, second, criterion, reason, result["speedup"])
     return result
+
+
+def no_winner(runs: list[RunComparison]) -> dict:
+    """The winner record when the runs train different models: none, and why."""
+    fields = [row["path"] for row in model_differences(runs)]
+    shown = ", ".join(fields[:4]) + (f" and {len(fields) - 4} more" if len(fields) > 4 else "")
+    return {"label": None, "index": None, "criterion": None, "value": None, "runner_up": None, "speedup": None,
+            "reason": None, "models_differ": fields,
+            "explanation": f"no winner: the runs train different models ({shown} differ), so their tokens/s and "
+                           "TFLOP/s measure different work; compare layouts of one model"}
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -308,7 +332,8 @@ class Comparison:
     def warmup_rule(self) -> str:
         if self.warmup_requested is None:
             return WARMUP_RULE
-        return f"the first {self.warmup_requested} steps of each run are left out; a run keeps at least one step"
+        return (f"the first {self.warmup_requested} steps of each run are left out; a run keeps at least one step"
+                " (--warmup N leaves out at most all but the last step)")
 
     def to_dict(self) -> dict:
         return {"warmup": {"rule": self.warmup_rule, "steps": [r.warmup for r in self.runs]},

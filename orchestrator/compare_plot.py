@@ -55,7 +55,10 @@ def render_plot(comparison: Comparison, path: str | Path) -> Path:
 def _title(comparison: Comparison) -> str:
     winner = comparison.winner
     names = ", ".join(r.label for r in comparison.runs)
-    return f"orch compare: {names}" + (f"  (winner: {winner['label']})" if len(comparison.runs) > 1 else "")
+    if len(comparison.runs) < 2:
+        return f"orch compare: {names}"
+    return f"orch compare: {names}" + (f"  (winner: {winner['label']})" if winner["label"] else
+                                       "  (different models: no winner)")
 
 
 def _series(ax, comparison: Comparison, key: str, ylabel: str) -> None:

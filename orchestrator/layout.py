@@ -267,7 +267,7 @@ def rule_batch(spec: Spec, lay: Layout) -> Problem | None:
         return Problem("training.global_batch_size",
                        f"global_batch_size({b}) % (micro_batch_size({mb}) * dp({dp}) = {mb * dp}) = "
                        f"{b % (mb * dp)}, must be 0 (gradient accumulation would not be whole)",
-                       f"use a multiple of {mb * dp}, e.g. {lo or mb * dp} or {lo + mb * dp}")
+                       f"use a multiple of {mb * dp}, e.g. " + (f"{lo} or {lo + mb * dp}" if lo else f"{mb * dp}"))
     return None
 
 
@@ -338,9 +338,18 @@ def rule_pdsh_hosts(spec: Spec, lay: Layout) -> Problem | None:
             return Problem(f"launch.pdsh.hosts[{i}]", f"{host!r} is not a host name",
                            "use letters, digits, '.', '_' and '-' (not starting with '-')")
     if spec.launch.backend == "pdsh" and len(hosts) != spec.cluster.num_nodes:
-        return Problem("launch.pdsh.hosts", f"{len(hosts)} host(s) for num_nodes({spec.cluster.num_nodes})",
-                       "list exactly one host per node")
+        return pdsh_host_count_problem(spec)
     return None
+
+
+def pdsh_host_count_problem(spec: Spec) -> Problem:
+    """launch.pdsh.hosts does not list one host per node: where the hosts came from, and what to set."""
+    hosts, nodes = list(spec.launch.pdsh.hosts), spec.cluster.num_nodes
+    found = (f"{len(hosts)} host(s) listed ({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})" if hosts
+             else "no hosts listed, so pdsh would use only localhost")
+    return Problem("launch.pdsh.hosts", f"{found} for cluster.num_nodes({nodes}): pdsh starts one torchrun per host",
+                   f"list exactly {nodes} host names under launch.pdsh.hosts in the spec (e.g. hosts: [node1, "
+                   f"node2, ...]) and run `orch generate` again, or set cluster.num_nodes: {max(len(hosts), 1)}")
 
 
 MODEL_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_hidden_heads, rule_groups_heads]

@@ -246,12 +246,17 @@ def _offload_options(pp: int, zero: int, gpu: str) -> list[str]:
 
 def _fixed_fields(spec: Spec) -> str:
     lay = layout_from_spec(spec)
-    fixed = [f"{FIELD_PATHS[f.name].split('.')[-1]}={getattr(lay, f.name)}" for f in dataclasses.fields(lay)
+    fixed = [f"{FIELD_PATHS[f.name].split('.')[-1]}={shown(getattr(lay, f.name))}" for f in dataclasses.fields(lay)
              if getattr(lay, f.name) is not None]
     return ", ".join(fixed) or "none fixed"
 
 
 # --- explanations ---------------------------------------------------------------------------------
+
+def shown(value) -> str:
+    """A layout value as the spec (YAML) spells it: true/false, not Python's True/False."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
 
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GiB:.1f} GiB"
@@ -284,7 +289,7 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
              f"uncertainty {pm} ({top.uncertainty['regime']}): {top.uncertainty['basis']}."]
     if len(ranked) > 1:
         gap = ranked[1].step_time_s / top.step_time_s - 1
-        diff = ", ".join(f"{f.name} {getattr(ranked[1].layout, f.name)}" for f in dataclasses.fields(Layout)
+        diff = ", ".join(f"{f.name} {shown(getattr(ranked[1].layout, f.name))}" for f in dataclasses.fields(Layout)
                          if getattr(ranked[1].layout, f.name) != getattr(top.layout, f.name))
         lines.append(f"runner-up {describe(ranked[1])} ({diff}) is {gap:.1%} slower"
                      + (f" and needs {_gib(ranked[1].memory.total_bytes)}." if gap < 0.001 else "."))
@@ -304,10 +309,18 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
 def _network_line(ctx: EstimateContext, est: LayoutEstimate) -> str:
     lay, comm, hw = est.layout, est.comm, ctx.hw
     dp_nodes = group_placement(lay.dp, lay.tp, hw.gpus_per_node).num_nodes
-    where = "inside one node" if dp_nodes == 1 else f"across {dp_nodes} nodes at {hw.inter_Bps / 1e9:.0f} GB/s per GPU"
-    return (f"network: {comm.exposed_s / est.step_time_s:.1%} of the step is exposed communication "
-            f"(TP {comm.tp_exposed_s:.3g} s inside the node at {hw.intra_Bps / 1e9:.0f} GB/s busbw, PP {comm.pp_exposed_s:.3g} s, "
-            f"DP {comm.dp_exposed_s:.3g} s of {comm.dp_s:.3g} s; the DP group of {lay.dp} lies {where}).")
+    where = "inside one node" if dp_nodes == 1 else f"across {dp_nodes} nodes at {_rate(hw.inter_Bps)} per GPU"
+    parts = [f"TP {comm.tp_exposed_s:.3g} s inside the node at {_rate(hw.intra_Bps)} busbw"] if lay.tp > 1 else []
+    parts += [f"PP {comm.pp_exposed_s:.3g} s"] if lay.pp > 1 else []
+    if lay.dp > 1:
+        parts.append(f"DP {comm.dp_exposed_s:.3g} s of {comm.dp_s:.3g} s; the DP group of {lay.dp} lies {where}")
+    return (f"network: {comm.exposed_s / est.step_time_s:.1%} of the step is exposed communication"
+            + (f" ({', '.join(parts)})." if parts else " (tp, pp and dp are 1: none)."))
+
+
+def _rate(bytes_per_s: float) -> str:
+    """A bandwidth with three significant digits, so a small one never reads as 0 GB/s."""
+    return f"{bytes_per_s / 1e9:.3g} GB/s"
 
 
 def _time_line(est: LayoutEstimate) -> str:

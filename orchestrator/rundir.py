@@ -6,6 +6,7 @@ only replaced with ``force``. Output is byte-identical across runs: no clocks, s
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -15,12 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from .errors import OrchError, SpecError
+from .errors import OrchError, Problem, SpecError, raise_if
 from .plan import Plan
 from .spec import Spec, parse_spec, spec_to_data
 
 MANIFEST = "manifest.json"
 EXECUTABLE = {"launch_local.sh", "launch.sbatch", "launch_pdsh.sh"}
+# What every run dir holds besides the manifest; the manifest must list each (an empty list checks nothing).
+GENERATED_FILES = ("ds_config.json", "megatron_args.txt", "megatron_config.json", "launch_local.sh", "launch.sbatch",
+                   "launch_pdsh.sh", "hostfile", "plan.json", "spec.resolved.yaml")
 
 
 def dump_json(data) -> str:
@@ -63,8 +67,10 @@ def render_manifest(plan: Plan, files: dict[str, str]) -> str:
     })
 
 
-def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False) -> Path:
-    """Write the run dir atomically. Refuses an existing directory unless ``force``."""
+def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False, discard_outputs: bool = False) -> Path:
+    """Write the run dir atomically. An existing directory is refused unless ``force``; even then only a
+    run dir orch generated is replaced, never while a job uses it, and never with training outputs or other
+    files in it (named in the error) unless ``discard_outputs``."""
     out = Path(out_dir)
     if out.exists() and not force:
         raise SpecError(f"{out} already exists (pass --force to replace it)", path=str(out))
@@ -80,17 +86,43 @@ def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False) -> Pa
             path.write_text(text)
             os.chmod(path, 0o755 if name in EXECUTABLE else 0o644)
         os.chmod(tmp, 0o755)
-        _swap_into_place(tmp, out)
+        if force and out.exists():
+            _replace(tmp, out, discard_outputs=discard_outputs)
+        else:
+            _rename_new(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    if not out.exists():
+def _rename_new(tmp: Path, out: Path) -> None:
+    """Move into place only if ``out`` is still absent: of two concurrent generates, one wins, one fails."""
+    try:
         os.rename(tmp, out)
-        return
+    except OSError as e:          # ENOTEMPTY / EEXIST: another writer got there first
+        raise SpecError(f"{out} was created by someone else meanwhile ({e.strerror}); pass --force to replace "
+                        "it", path=str(out)) from None
+
+
+def _replace(tmp: Path, out: Path, *, discard_outputs: bool) -> None:
+    """--force: replace a run dir orch generated, under its lock (no job may be using it)."""
+    from .runlock import LOCK_FILE, locked  # noqa: PLC0415
+
+    if not (out / MANIFEST).is_file():
+        raise SpecError(Problem(str(out), "not a run dir written by orch (no manifest.json): --force replaces only "
+                                "a directory orch generated", "choose a new output directory"))
+    with locked(out, f"{out} is in use by a running job or another orch command; --force will not replace it "
+                     f"(see `orch status {out}`)"):
+        extra = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
+                       if p.name not in (*GENERATED_FILES, MANIFEST, LOCK_FILE))
+        if extra and not discard_outputs:
+            raise SpecError(Problem(str(out), "--force would delete what orch did not generate: " + ", ".join(extra),
+                                    "add --discard-outputs to delete them too, or generate into a new directory"))
+        _swap_into_place(tmp, out)
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
     os.rename(out, old / "d")
     try:
@@ -119,8 +151,6 @@ class RunDir:
 
 def read_run_dir(path: str | Path) -> RunDir:
     """Load a run dir written by orch generate (raises SpecError naming what is missing or broken)."""
-    import yaml  # noqa: PLC0415
-
     root = Path(path)
     if not root.is_dir():
         raise SpecError(f"not a run dir (no such directory)", path=str(root))
@@ -128,11 +158,53 @@ def read_run_dir(path: str | Path) -> RunDir:
     if missing:
         raise SpecError(f"not a run dir: missing {', '.join(missing)} (create it with `orch generate`)",
                         path=str(root))
+    from .userfiles import parse_json, parse_yaml, read_user_text  # noqa: PLC0415
+
+    def load(name: str, parse):
+        return parse(read_user_text(root / name), str(root / name))
+
     try:
-        spec = parse_spec(yaml.safe_load((root / "spec.resolved.yaml").read_text()))
-        plan = json.loads((root / "plan.json").read_text())
-        ds_config = json.loads((root / "ds_config.json").read_text())
-        manifest = json.loads((root / MANIFEST).read_text())
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise OrchError(f"{root}: a run dir file is not valid JSON/YAML: {e}") from None
+        spec = parse_spec(load("spec.resolved.yaml", parse_yaml))
+    except SpecError as e:
+        raise SpecError([dataclasses.replace(p, path=f"{root}/spec.resolved.yaml:{p.path}")
+                         if not p.path.startswith(str(root)) else p for p in e.problems]) from None
+    plan, ds_config, manifest = (load(n, parse_json) for n in ("plan.json", "ds_config.json", MANIFEST))
+    raise_if(run_dir_shape_problems(root, plan, ds_config, manifest))
     return RunDir(path=root, spec=spec, plan=plan, ds_config=ds_config, manifest=manifest)
+
+
+def run_dir_shape_problems(root: Path, plan, ds_config, manifest) -> list[Problem]:
+    """The JSON files hold the shapes orch wrote (objects where objects belong), or a problem each."""
+    hint = "orch did not write this: re-generate the run dir with `orch generate`"
+    problems = []
+    if not isinstance(plan, dict) or not isinstance(plan.get("chosen"), dict):
+        problems.append(Problem(f"{root}/plan.json", "must be an object with a 'chosen' layout object", hint))
+    if not isinstance(ds_config, dict):
+        problems.append(Problem(f"{root}/ds_config.json", "must be a JSON object of DeepSpeed settings", hint))
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in manifest["files"].items()):
+        problems.append(Problem(f"{root}/{MANIFEST}", "must be an object with a 'files' object of name -> sha256",
+                                hint))
+    return problems
+
+
+def manifest_problems(run: RunDir) -> list[Problem]:
+    """Every generated file is listed in manifest.json and has the sha256 recorded there; the spec hash
+    matches. What `orch validate` reports and `orch launch` refuses to run."""
+    from .spec import spec_sha256  # noqa: PLC0415
+
+    listed = run.manifest["files"]
+    fix = "re-run `orch generate --force`"
+    problems = [Problem(f"{run.path}/{name}", "not listed in manifest.json", fix)
+                for name in GENERATED_FILES if name not in listed]
+    for name, digest in sorted(listed.items()):
+        file = run.path / name
+        if not file.is_file():
+            problems.append(Problem(f"{run.path}/{name}", "listed in manifest.json but missing", fix))
+        elif hashlib.sha256(file.read_bytes()).hexdigest() != digest:
+            problems.append(Problem(f"{run.path}/{name}", "changed since `orch generate` (sha256 differs "
+                                    "from manifest.json)", "change the spec and re-generate instead of "
+                                    "editing generated files"))
+    if run.manifest.get("spec_sha256") != spec_sha256(run.spec):
+        problems.append(Problem(f"{run.path}/{MANIFEST}", "spec_sha256 does not match spec.resolved.yaml", fix))
+    return problems

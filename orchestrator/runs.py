@@ -154,16 +154,19 @@ def read_records(source: str, path: Path) -> list[dict]:
     if not path.is_file():
         raise SpecError(Problem(f"{source}: {METRICS_FILE}", "no metrics: the run has not been trained",
                                 f"train it first: orch launch {source} --wait"))
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
     records, problems = [], []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:
             if number < len(lines):
-                problems.append(Problem(f"{path}:{number}", f"not a JSON record: {e.msg}"))
+                problems.append(Problem(f"{path}:{number}", f"not a JSON record: {getattr(e, 'msg', e)}"))
+            continue
+        if not isinstance(record, dict):
+            problems.append(Problem(f"{path}:{number}", "not a JSON object record"))
             continue
         problems.extend(Problem(f"{path}:{number}", message) for message in record_problems(record))
         records.append(record)

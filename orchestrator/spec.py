@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -26,6 +27,25 @@ SLURM_DEPENDENCY_PATTERN = r"[a-z]+(:[0-9_+*]+)*([,?][a-z]+(:[0-9_+*]+)*)*"  # a
 SLURM_HOSTLIST_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.,\[\]-]{0,1023}"  # node[01-04],other
 _SBATCH_ARG = r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:=%@/+*\[\]-]+)?"
 SBATCH_ARGS_PATTERN = rf"{_SBATCH_ARG}( {_SBATCH_ARG})*"  # --mem=0 --constraint=h100: no quotes, no shell syntax
+
+# Upper bounds of every count: far above any real cluster or model (the largest published runs use ~10^5
+# GPUs, ~10^2 layers, ~10^5 hidden, 10^6-token contexts), low enough that the planner's searches and the
+# cost model's arithmetic stay fast and finite. Beyond them a value is a typo, not a plan.
+MAX_NODES = 1 << 16
+MAX_GPUS_PER_NODE = 1 << 7         # 8 on most GPU nodes, 72 in an NVL72 rack
+MAX_WORLD = 1 << 17                # GPUs in one job: 131072 (the largest clusters hold ~10^5)
+MAX_LAYERS = 1 << 10               # the largest published models have ~10^2
+MAX_WIDTH = 1 << 20                # hidden_size, ffn_hidden_size
+MAX_HEADS = 1 << 14
+MAX_VOCAB = 1 << 24
+MAX_SEQ_LENGTH = 1 << 24
+MAX_BATCH = 1 << 24                # sequences per step, per micro-batch
+MAX_DEGREE = 1 << 20               # tp, pp, dp, vpp
+MAX_STEPS = 10 ** 9                # train_iters, warm-up, checkpoint interval
+MAX_SEED = 2 ** 32 - 1             # numpy's seed range (torch's is wider)
+MAX_SLURM_SIGNAL_S = 65535         # sbatch --signal: sig_time must lie in 0..65535
+SLURM_TIME_PATTERN = r"([0-9]{1,3}-([01]?[0-9]|2[0-3])|[0-9]{1,3}):[0-5][0-9]:[0-5][0-9]"  # ASCII digits only
+WANDB_NAME_PATTERN = r"[^/\\#?%:]{1,128}"   # W&B refuses these characters in project and entity names
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 Recompute = Literal["none", "selective", "full"]
@@ -61,15 +81,16 @@ class ModelSpec:
     """Shape of a dense decoder-only transformer. A preset fills these; explicit fields override it."""
 
     preset: Optional[Literal[tuple(MODELS)]] = spec_field(None, doc="model preset (orch init --list-presets)")
-    num_layers: Optional[int] = spec_field(None, doc="transformer layers", minimum=1)
-    hidden_size: Optional[int] = spec_field(None, doc="model width h", minimum=1)
-    num_attention_heads: Optional[int] = spec_field(None, doc="attention heads a", minimum=1)
+    num_layers: Optional[int] = spec_field(None, doc="transformer layers", minimum=1, maximum=MAX_LAYERS)
+    hidden_size: Optional[int] = spec_field(None, doc="model width h", minimum=1, maximum=MAX_WIDTH)
+    num_attention_heads: Optional[int] = spec_field(None, doc="attention heads a", minimum=1, maximum=MAX_HEADS)
     num_query_groups: Optional[int] = spec_field(None, doc="KV heads (GQA); default num_attention_heads",
-                                                 minimum=1)
-    ffn_hidden_size: Optional[int] = spec_field(None, doc="MLP width; default 4 * hidden_size", minimum=1)
+                                                 minimum=1, maximum=MAX_HEADS)
+    ffn_hidden_size: Optional[int] = spec_field(None, doc="MLP width; default 4 * hidden_size", minimum=1,
+                                               maximum=4 * MAX_WIDTH)
     vocab_size: Optional[int] = spec_field(None, doc="tokenizer vocabulary (padded as Megatron does)",
-                                           minimum=1)
-    seq_length: Optional[int] = spec_field(None, doc="tokens per sequence", minimum=1)
+                                           minimum=1, maximum=MAX_VOCAB)
+    seq_length: Optional[int] = spec_field(None, doc="tokens per sequence", minimum=1, maximum=MAX_SEQ_LENGTH)
     gated_mlp: bool = spec_field(False, doc="SwiGLU MLP (3 matrices) instead of GeLU (2)")
     tie_embeddings: bool = spec_field(True, doc="share input embedding and output layer weights")
     flash_attention: bool = spec_field(True, doc="fused attention: no s^2 attention activations stored")
@@ -87,8 +108,9 @@ class ClusterSpec:
     """Where the job runs: nodes x GPUs of one catalog type, optionally with measured bandwidths."""
 
     gpu: Literal[tuple(GPUS)] = spec_field(doc="GPU catalog key")
-    num_nodes: int = spec_field(1, doc="nodes", minimum=1)
-    gpus_per_node: int = spec_field(8, doc="GPUs (processes) per node", minimum=1)
+    num_nodes: int = spec_field(1, doc="nodes", minimum=1, maximum=MAX_NODES)
+    gpus_per_node: int = spec_field(8, doc="GPUs (processes) per node", minimum=1,
+                                    maximum=MAX_GPUS_PER_NODE)
     intra_node_bandwidth_GBps: Optional[float] = spec_field(
         None, doc="measured all-reduce bus bandwidth inside a node (overrides the catalog)", exclusive_minimum=0)
     inter_node_bandwidth_GBps: Optional[float] = spec_field(
@@ -105,7 +127,8 @@ class OptimizerSpec:
     type: Literal["adamw", "adam", "sgd"] = spec_field("adamw", doc="optimizer")
     lr: float = spec_field(3.0e-4, doc="peak learning rate", exclusive_minimum=0)
     weight_decay: float = spec_field(0.1, doc="decoupled weight decay", minimum=0)
-    betas: list[float] = spec_field(default_factory=lambda: [0.9, 0.95], doc="Adam betas [beta1, beta2]")
+    betas: list[float] = spec_field(default_factory=lambda: [0.9, 0.95], doc="Adam betas [beta1, beta2], each in "
+                                    "[0, 1)", minimum=0, exclusive_maximum=1, min_items=2, max_items=2)
     eps: float = spec_field(1.0e-8, doc="Adam epsilon", exclusive_minimum=0)
 
 
@@ -113,7 +136,7 @@ class OptimizerSpec:
 class LrScheduleSpec:
     """Learning-rate schedule: linear warm-up, then decay to min_lr at train_iters."""
 
-    warmup_iters: int = spec_field(0, doc="linear warm-up steps", minimum=0)
+    warmup_iters: int = spec_field(0, doc="linear warm-up steps", minimum=0, maximum=MAX_STEPS)
     decay: Literal["cosine", "linear", "constant"] = spec_field("cosine", doc="decay after warm-up")
     min_lr: float = spec_field(0.0, doc="learning rate at the end of decay", minimum=0)
 
@@ -123,14 +146,16 @@ class CheckpointSpec:
     """Where and how often the training job checkpoints (relative dir = inside the run dir)."""
 
     dir: str = spec_field("checkpoints", doc="checkpoint directory")
-    interval: int = spec_field(100, doc="save every N optimizer steps", minimum=1)
+    interval: int = spec_field(100, doc="save every N optimizer steps", minimum=1,
+                           maximum=MAX_STEPS)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingSpec:
     """Batch, precision, optimizer and schedule."""
 
-    global_batch_size: int = spec_field(doc="sequences per optimizer step", minimum=1)
+    global_batch_size: int = spec_field(doc="sequences per optimizer step", minimum=1,
+                                        maximum=MAX_BATCH)
     engine: Optional[Engine] = spec_field(
         None, doc="megatron | deepspeed: the runtime that trains this spec (rules, files, launch scripts and "
         "predictions follow it); default megatron on GPUs, deepspeed on gpu cpu (Megatron-Core cannot train on CPU)")
@@ -139,10 +164,11 @@ class TrainingSpec:
         "FP8 GEMMs with bf16 master weights)")
     optimizer: OptimizerSpec = spec_field(default_factory=OptimizerSpec, doc="optimizer")
     lr_schedule: LrScheduleSpec = spec_field(default_factory=LrScheduleSpec, doc="learning-rate schedule")
-    train_iters: int = spec_field(1000, doc="optimizer steps", minimum=1)
+    train_iters: int = spec_field(1000, doc="optimizer steps", minimum=1, maximum=MAX_STEPS)
     gradient_clipping: float = spec_field(1.0, doc="max global gradient norm (0 = off)", minimum=0)
     checkpoint: CheckpointSpec = spec_field(default_factory=CheckpointSpec, doc="checkpointing")
-    seed: int = spec_field(1234, doc="random seed (data and initialisation)", minimum=0)
+    seed: int = spec_field(1234, doc="random seed (data and initialisation)", minimum=0,
+                      maximum=MAX_SEED)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,36 +180,37 @@ class DataSpec:
     synthetic: bool = spec_field(True, doc="deterministic random tokens")
 
 
-def _added_degree(doc: str):
+def _added_degree(maximum: int, doc: str):
     """An optional count added after spec_version 1: left out of the resolved spec (and its hash) while null."""
-    return spec_field(None, doc=doc, minimum=1, omit_if_none=True)
+    return spec_field(None, doc=doc, minimum=1, maximum=maximum, omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelismSpec:
     """The layout. Every field is optional: what is missing is searched by the planner (orch plan)."""
 
-    tensor: Optional[int] = spec_field(None, doc="tensor-parallel degree tp", minimum=1)
-    pipeline: Optional[int] = spec_field(None, doc="pipeline-parallel degree pp", minimum=1)
-    virtual_pipeline: Optional[int] = spec_field(None, doc="interleaved stages per pp rank", minimum=1)
-    data: Optional[int] = spec_field(None, doc="data-parallel degree dp = world / (tp * pp)", minimum=1)
+    tensor: Optional[int] = spec_field(None, doc="tensor-parallel degree tp", minimum=1, maximum=MAX_DEGREE)
+    pipeline: Optional[int] = spec_field(None, doc="pipeline-parallel degree pp", minimum=1, maximum=MAX_DEGREE)
+    virtual_pipeline: Optional[int] = spec_field(None, doc="interleaved stages per pp rank", minimum=1, maximum=MAX_DEGREE)
+    data: Optional[int] = spec_field(None, doc="data-parallel degree dp = world / (tp * pp)", minimum=1, maximum=MAX_DEGREE)
     zero_stage: Optional[int] = spec_field(None, doc="ZeRO stage 0-3", minimum=0, maximum=3)
-    micro_batch_size: Optional[int] = spec_field(None, doc="sequences per micro-batch per GPU", minimum=1)
+    micro_batch_size: Optional[int] = spec_field(None, doc="sequences per micro-batch per GPU", minimum=1,
+                                              maximum=MAX_BATCH)
     sequence_parallel: Optional[bool] = spec_field(None, doc="Megatron sequence parallelism (needs tp > 1)")
     recompute: Optional[Recompute] = spec_field(None, doc="activation recomputation")
     offload: Optional[Offload] = spec_field(None, doc="ZeRO-Offload of optimizer (and parameters) to CPU")
-    first_stage_layers: Optional[int] = _added_degree(
+    first_stage_layers: Optional[int] = _added_degree(MAX_LAYERS,
         "transformer layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers); "
         "the middle stages share the rest equally; null = even split")
-    last_stage_layers: Optional[int] = _added_degree(
+    last_stage_layers: Optional[int] = _added_degree(MAX_LAYERS,
         "transformer layers on the last pipeline stage (--decoder-last-pipeline-num-layers); null = even split")
-    context: Optional[int] = _added_degree(
+    context: Optional[int] = _added_degree(MAX_DEGREE,
         "context-parallel degree cp (Megatron context parallelism: the sequence split over cp ranks, K/V "
         "exchanged in a ring); with engine deepspeed, the Ulysses sequence-parallel degree")
-    expert: Optional[int] = _added_degree(
+    expert: Optional[int] = _added_degree(MAX_DEGREE,
         "expert-parallel degree ep: the experts of each MoE layer spread over ep ranks, tokens routed to them "
         "by all-to-all (MoE models only)")
-    expert_tensor: Optional[int] = _added_degree(
+    expert_tensor: Optional[int] = _added_degree(MAX_DEGREE,
         "expert tensor-parallel degree etp: the experts' own tensor parallelism (MoE parallel folding; "
         "Megatron's --expert-tensor-parallel-size)")
 
@@ -194,12 +221,15 @@ class SlurmSpec:
 
     partition: Optional[str] = spec_field(None, doc="partition (-p)", pattern=SLURM_NAME_PATTERN)
     account: Optional[str] = spec_field(None, doc="account (-A)", pattern=SLURM_NAME_PATTERN)
-    time: str = spec_field("04:00:00", doc="time limit [D-]HH:MM:SS", pattern=r"(\d+-)?\d{1,3}:\d{2}:\d{2}")
+    time: str = spec_field("04:00:00", doc="time limit [D-]HH:MM:SS", pattern=SLURM_TIME_PATTERN,
+                     pattern_hint="HH:MM:SS or D-HH:MM:SS in ASCII digits, minutes and seconds below 60")
     qos: Optional[str] = spec_field(None, doc="quality of service", pattern=SLURM_NAME_PATTERN)
     exclusive: bool = spec_field(True, doc="whole nodes (--exclusive)")
     requeue: bool = spec_field(True, doc="requeue on preemption or node failure (--requeue)")
-    cpus_per_task: Optional[int] = spec_field(None, doc="CPUs per task (--cpus-per-task)", minimum=1)
-    signal_before_end_s: int = spec_field(120, doc="USR1 this many seconds before the time limit", minimum=0)
+    cpus_per_task: Optional[int] = spec_field(None, doc="CPUs per task (--cpus-per-task)", minimum=1,
+                                                maximum=MAX_GPUS_PER_NODE * 64)
+    signal_before_end_s: int = spec_field(120, doc="USR1 this many seconds before the time limit", minimum=0,
+                                          maximum=MAX_SLURM_SIGNAL_S)
     dependency: Optional[str] = spec_field(None, doc="start after other jobs (--dependency), e.g. afterok:1234",
                                            pattern=SLURM_DEPENDENCY_PATTERN)
     nodelist: Optional[str] = spec_field(None, doc="run on these nodes (--nodelist), e.g. gpu[01-04]",
@@ -215,7 +245,7 @@ class PdshSpec:
 
     hosts: list[str] = spec_field(default_factory=list, doc="host names, one per node")
     ssh_port: int = spec_field(22, doc="sshd port on the hosts", minimum=1, maximum=65535)
-    fanout: int = spec_field(1024, doc="pdsh -f: hosts contacted at once", minimum=1)
+    fanout: int = spec_field(1024, doc="pdsh -f: hosts contacted at once", minimum=1, maximum=MAX_NODES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,8 +262,10 @@ class LaunchSpec:
 class WandbSpec:
     """Weights & Biases: offline by default (no account needed), online when logged in."""
 
-    project: str = spec_field("orch", doc="W&B project")
-    entity: Optional[str] = spec_field(None, doc="W&B entity (team or user)")
+    project: str = spec_field("orch", doc="W&B project", pattern=WANDB_NAME_PATTERN,
+                              pattern_hint="no / \\ # ? % : (W&B refuses them)")
+    entity: Optional[str] = spec_field(None, doc="W&B entity (team or user)", pattern=WANDB_NAME_PATTERN,
+                              pattern_hint="no / \\ # ? % : (W&B refuses them)")
     mode: Literal["offline", "online", "disabled"] = spec_field("offline", doc="offline | online | disabled")
     group: Optional[str] = spec_field(None, doc="run group; default the spec name")
     tags: list[str] = spec_field(default_factory=list, doc="extra run tags")
@@ -271,28 +303,15 @@ REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "vo
 
 
 def read_spec_data(path: str | Path) -> Any:
-    """Parse a YAML or JSON file into plain data; syntax errors become a SpecError with the location."""
+    """Parse a YAML or JSON file into plain data, within orchestrator.userfiles' limits (size, depth,
+    aliases, duplicate keys); every failure is a SpecError with the location."""
+    from .userfiles import parse_json, parse_yaml, read_user_text  # noqa: PLC0415
+
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"no such file", path=str(path)) from None
-    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as e:
-        raise SpecError(f"cannot read: {e.__class__.__name__}", path=str(path)) from None
-    if path.suffix == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SpecError(Problem(f"{path}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}",
-                                    "fix the JSON syntax at that position")) from None
-    import yaml  # noqa: PLC0415  (only this path needs it)
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        reason = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SpecError(Problem(where, f"invalid YAML: {reason}", "fix the YAML syntax at that position")) from None
+    if path.is_dir():
+        raise SpecError("cannot read: IsADirectoryError", path=str(path))
+    text = read_user_text(path)
+    return parse_json(text, str(path)) if path.suffix == ".json" else parse_yaml(text, str(path))
 
 
 def load_spec(path: str | Path) -> "Spec":
@@ -313,14 +332,62 @@ def parse_spec(data: Any) -> Spec:
     data = dict(data)
     data["model"] = _merge_preset(data.get("model"), problems)
     spec = parse(Spec, data, "", problems)
+    if spec is None and problems:
+        problems.extend(_problems_of_what_parsed(data, problems))
     if spec is not None:
         spec = _apply_defaults(spec, problems)
     if spec is not None:
         from .layout import check_spec  # noqa: PLC0415  (layout imports spec)
-        problems.extend(check_spec(spec))
+        problems.extend(check_world_bound(spec) or check_spec(spec))
     if problems:
         raise SpecError(problems)
     return spec
+
+
+def _problems_of_what_parsed(data: dict, problems: list[Problem]) -> list[Problem]:
+    """With a wrongly typed or unknown key the Spec cannot be built, which would hide every rule problem until
+    the types are fixed. So: drop the keys those problems name (their defaults stand in), build the spec again
+    and return its missing-field and rule problems that name none of the dropped keys."""
+    from .layout import check_spec  # noqa: PLC0415  (layout imports spec)
+
+    dropped = {re.sub(r"\[\d+\]$", "", p.path) for p in problems}
+    trimmed = _without(data, dropped)
+    model = trimmed.get("model")
+    if isinstance(model, dict):   # a required model field stands in as the preset's value (or 1): rules that
+        preset = preset_fields(model["preset"]) if model.get("preset") in MODELS else {}   # name it are dropped
+        for name in REQUIRED_MODEL_FIELDS:
+            if f"model.{name}" in dropped:
+                model[name] = preset.get(name, 1)
+    retry: list[Problem] = []
+    spec = parse(Spec, trimmed, "", retry)
+    if spec is None:
+        return []
+    more: list[Problem] = []
+    spec = _apply_defaults(spec, more)
+    more += (check_world_bound(spec) or check_spec(spec)) if spec is not None else []
+    leaves = {path.rsplit(".", 1)[-1] for path in dropped}
+    return [p for p in more if p not in problems and p.path not in dropped
+            and not any(re.search(rf"\b{re.escape(leaf)}\b", p.message) for leaf in leaves)]
+
+
+def _without(data: dict, dotted: set[str], prefix: str = "") -> dict:
+    """A copy of nested mappings without the keys at the given dotted paths."""
+    out = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if path in dotted:
+            continue
+        out[key] = _without(value, dotted, path) if isinstance(value, dict) else value
+    return out
+
+
+def check_world_bound(spec: Spec) -> list[Problem]:
+    """num_nodes * gpus_per_node within what a cluster can hold (each bounded alone, the product too)."""
+    c = spec.cluster
+    if spec.world_size <= MAX_WORLD:
+        return []
+    return [Problem("cluster", f"num_nodes({c.num_nodes}) * gpus_per_node({c.gpus_per_node}) = {spec.world_size} GPUs "
+                    f"is above {MAX_WORLD}", "no cluster holds that many: check num_nodes and gpus_per_node")]
 
 
 def _merge_preset(model: Any, problems: list[Problem]) -> Any:

@@ -29,14 +29,18 @@ _INVALID = object()  # a value of the wrong type: the record holding it cannot b
 def spec_field(default: Any = MISSING, *, doc: str, minimum: float | None = None,
                maximum: float | None = None, pattern: str | None = None,
                default_factory: Any = MISSING, exclusive_minimum: float | None = None,
-               omit_if_none: bool = False) -> Any:
+               omit_if_none: bool = False, exclusive_maximum: float | None = None,
+               min_items: int | None = None, max_items: int | None = None, pattern_hint: str | None = None) -> Any:
     """A dataclass field with its documentation and bounds (used by parse and json_schema).
 
     ``omit_if_none``: :func:`dump` leaves the field out while it is None, so that adding an optional field
-    changes neither the resolved spec nor the spec hash of specs that do not use it.
+    changes neither the resolved spec nor the spec hash of specs that do not use it. On a list field the
+    bounds and pattern apply to each item; ``min_items``/``max_items`` bound its length.
     """
     meta = {"doc": doc, "minimum": minimum, "maximum": maximum, "pattern": pattern,
-            "exclusive_minimum": exclusive_minimum, "omit_if_none": omit_if_none}
+            "exclusive_minimum": exclusive_minimum, "omit_if_none": omit_if_none,
+            "exclusive_maximum": exclusive_maximum, "min_items": min_items, "max_items": max_items,
+            "pattern_hint": pattern_hint}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -99,6 +103,14 @@ def did_you_mean(word: str, choices: list[str]) -> str:
     return "allowed: " + ", ".join(sorted(choices))
 
 
+def control_character(text: str) -> str | None:
+    """The first control or line/paragraph-separator character of ``text`` (a newline would add a flag to
+    megatron_args.txt, one argument per line), or None."""
+    import unicodedata  # noqa: PLC0415
+
+    return next((c for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+
+
 def parse(cls: type, data: Any, path: str, problems: list[Problem]) -> Any:
     """Build ``cls`` from ``data``; append a Problem for everything wrong.
 
@@ -158,10 +170,22 @@ def _parse_value(tp: Any, value: Any, path: str, problems: list[Problem], meta: 
         if not isinstance(value, list):
             problems.append(Problem(path, f"must be a list, got {describe_value(value)}", "write [a, b, ...]"))
             return _INVALID
+        if (length := _length_problem(value, path, meta or {})) is not None:
+            problems.append(length)
+            return _INVALID
         item_tp = get_args(tp)[0]
-        items = [_parse_value(item_tp, v, f"{path}[{i}]", problems, {}) for i, v in enumerate(value)]
+        items = [_parse_value(item_tp, v, f"{path}[{i}]", problems, meta) for i, v in enumerate(value)]
         return _INVALID if any(item is _INVALID for item in items) else items
     return _parse_scalar(tp, value, path, problems, meta or {})
+
+
+def _length_problem(value: list, path: str, meta: Any) -> Problem | None:
+    low, high = meta.get("min_items"), meta.get("max_items")
+    if (low is not None and len(value) < low) or (high is not None and len(value) > high):
+        want = f"exactly {low}" if low == high else f"{low or 0} to {high}" if high is not None else f"at least {low}"
+        return Problem(path, f"has {len(value)} item{'s' if len(value) != 1 else ''}, needs {want}",
+                       f"write {want} values in [ ]")
+    return None
 
 
 def _parse_scalar(tp: Any, value: Any, path: str, problems: list[Problem], meta: Any) -> Any:
@@ -179,6 +203,10 @@ def _parse_scalar(tp: Any, value: Any, path: str, problems: list[Problem], meta:
         if not math.isfinite(value):
             problems.append(Problem(path, f"{value!r} is not a finite number", "write a finite number"))
             return _INVALID
+    if tp is str and (bad := control_character(value)) is not None:
+        problems.append(Problem(path, f"contains the control character {bad!r}",
+                                "remove it: free-form values must be one line of printable text"))
+        return _INVALID
     if meta.get("minimum") is not None and value < meta["minimum"]:
         problems.append(Problem(path, f"{value!r} is below the minimum {meta['minimum']!r}",
                                 f"use a value >= {meta['minimum']!r}"))
@@ -188,8 +216,11 @@ def _parse_scalar(tp: Any, value: Any, path: str, problems: list[Problem], meta:
     if meta.get("maximum") is not None and value > meta["maximum"]:
         problems.append(Problem(path, f"{value!r} is above the maximum {meta['maximum']!r}",
                                 f"use a value <= {meta['maximum']!r}"))
+    if meta.get("exclusive_maximum") is not None and value >= meta["exclusive_maximum"]:
+        problems.append(Problem(path, f"{value!r} must be less than {meta['exclusive_maximum']!r}",
+                                f"use a value < {meta['exclusive_maximum']!r}"))
     if meta.get("pattern") and not re.fullmatch(meta["pattern"], value):
-        problems.append(Problem(path, f"{value!r} does not match {meta['pattern']}",
+        problems.append(Problem(path, f"{value!r} does not match {meta['pattern']}", meta.get("pattern_hint") or
                                 "use letters, digits, '.', '_' and '-' only (no spaces or shell syntax)"))
     return value
 
@@ -221,11 +252,10 @@ def _object_schema(cls: type) -> dict:
         meta = f.metadata
         if meta.get("doc"):
             prop["description"] = meta["doc"]
-        for key in ("minimum", "maximum", "pattern"):
+        _schema_bounds(prop.get("items", prop), meta)
+        for key, name in (("min_items", "minItems"), ("max_items", "maxItems")):
             if meta.get(key) is not None:
-                prop[key] = meta[key]
-        if meta.get("exclusive_minimum") is not None:
-            prop["exclusiveMinimum"] = meta["exclusive_minimum"]
+                prop[name] = meta[key]
         if f.default is not MISSING and not dataclasses.is_dataclass(f.default):
             prop["default"] = f.default
         elif f.default_factory is not MISSING:
@@ -239,6 +269,13 @@ def _object_schema(cls: type) -> dict:
     if required:
         out["required"] = required
     return out
+
+
+def _schema_bounds(prop: dict, meta: Any) -> None:
+    for key, name in (("minimum", "minimum"), ("maximum", "maximum"), ("pattern", "pattern"),
+                      ("exclusive_minimum", "exclusiveMinimum"), ("exclusive_maximum", "exclusiveMaximum")):
+        if meta.get(key) is not None:
+            prop[name] = meta[key]
 
 
 def _type_schema(tp: Any) -> dict:

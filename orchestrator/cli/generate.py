@@ -3,16 +3,23 @@ from __future__ import annotations
 
 import click
 
+from .table import plural
+
 
 @click.command(name="generate")
 @click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Run dir to write (refused if it exists, unless --force).")
-@click.option("--force", is_flag=True, help="Replace an existing run dir.")
-@click.option("--top", "top_k", default=5, show_default=True, help="Candidates kept in plan.json.")
+@click.option("--force", is_flag=True, help="Replace an existing run dir that orch generated (refused while a job "
+              "runs in it, or when it holds training outputs or other files, unless --discard-outputs).")
+@click.option("--discard-outputs", is_flag=True, help="With --force: also delete checkpoints, metrics.jsonl, wandb/, "
+              "logs/ and any other file in the run dir.")
+@click.option("--top", "top_k", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Candidates kept in plan.json.")
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False),
               help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
-def command(spec_path: str, out_dir: str, force: bool, top_k: int, calibration_path: str | None) -> None:
+def command(spec_path: str, out_dir: str, force: bool, discard_outputs: bool, top_k: int,
+            calibration_path: str | None) -> None:
     """Write the run dir for SPEC: ds_config.json, megatron_args.txt, megatron_config.json, launch
     scripts (local, SLURM, pdsh), hostfile, plan.json, spec.resolved.yaml and manifest.json.
 
@@ -27,11 +34,13 @@ def command(spec_path: str, out_dir: str, force: bool, top_k: int, calibration_p
 
     spec = load_spec(spec_path)
     plan = build_plan(spec, top_k=top_k, cost=calibrated_cost(calibration_path, spec))
-    out = write_run_dir(plan, out_dir, force=force)
+    if discard_outputs and not force:
+        raise click.UsageError("--discard-outputs only makes sense with --force")
+    out = write_run_dir(plan, out_dir, force=force, discard_outputs=discard_outputs)
     lay = plan.layout
     click.echo(f"wrote {out}  ({lay.tag()}, world size {plan.world_size}, "
-               f"{plan.grad_accum_steps} micro-batches/step, vocab padded to {plan.padded_vocab_size})",
-               err=True)
+               f"{plural(plan.grad_accum_steps, 'micro-batch', 'micro-batches')}/step, "
+               f"vocab padded to {plan.padded_vocab_size})", err=True)
     for note in render_megatron_notes(plan) + render_deepspeed_notes(plan):
         click.echo(f"note: {note}", err=True)
     click.echo(str(out))

@@ -5,6 +5,8 @@ import json
 
 import click
 
+from .table import Column, hidden_note, render_table, terminal_width, use_style, wrap_text
+
 GiB = 2**30
 
 
@@ -13,10 +15,13 @@ GiB = 2**30
 @click.option("--top", "top_k", default=5, show_default=True, type=click.IntRange(min=1),
               help="How many ranked layouts to show.")
 @click.option("--json", "as_json", is_flag=True,
-              help='Print {"chosen": LAYOUT, "candidates": [LAYOUT, ...]} (SPEC.md) instead of the table.')
+              help='Print {"chosen": LAYOUT, "candidates": [LAYOUT, ...]} instead of the table '
+                   '(the fields are listed in the README, "orch plan --json").')
+@click.option("--wide", is_flag=True,
+              help="Show every column whatever the terminal width (by default columns that do not fit are left out).")
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False),
               help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
-def command(spec_path: str, top_k: int, as_json: bool, calibration_path: str | None) -> None:
+def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_path: str | None) -> None:
     """Search the parallel layouts SPEC leaves open (tp, pp, vpp, dp, ZeRO stage, micro-batch,
     recompute, sequence parallel, offload), drop those that break a rule or do not fit in GPU memory,
     and rank the rest by predicted step time. Prints the top layouts with their memory breakdown, bubble,
@@ -34,12 +39,7 @@ def command(spec_path: str, top_k: int, as_json: bool, calibration_path: str | N
     if as_json:
         click.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
         return
-    from rich.console import Console
-
-    console = Console(width=max(180, Console().width), soft_wrap=False)
-    console.print(render_table(spec, result))
-    for line in result.reasons:
-        console.print(f"- {line}", markup=False, highlight=False)
+    click.echo(render_plan(spec, result, wide=wide, width=terminal_width(), style=use_style()))
 
 
 def calibrated_cost(path: str | None, spec):
@@ -53,23 +53,28 @@ def calibrated_cost(path: str | None, spec):
     return cost
 
 
-COLUMNS = ("#", "layout", "recompute", "params", "grads", "optim", "acts", "other", "total GiB", "bubble",
-           "TP s", "PP s", "DP s", "step s", "tokens/s", "TFLOP/s", "±", "MFU")
+# Identity and the ranking first; the memory split and per-kind communication go when the terminal is narrow.
+# "±" is the tokens/s estimate's typical error on the reference runs of its regime (estimate/uncertainty.py).
+COLUMNS = (Column("#", keep=True), Column("layout", "left", keep=True, wrap=True), Column("step s", keep=True),
+           Column("total GiB", priority=1), Column("tokens/s", priority=2), Column("±", priority=3),
+           Column("MFU", priority=4), Column("bubble", priority=5), Column("TFLOP/s", priority=6),
+           Column("recompute", "left", priority=7), Column("acts", priority=8), Column("TP s", priority=9),
+           Column("PP s", priority=10), Column("DP s", priority=11), Column("params", priority=12),
+           Column("grads", priority=13), Column("optim", priority=14), Column("other", priority=15))
 
 
-def render_table(spec, result):
-    """The rich Table of the ranked candidates (memory in GiB per GPU, exposed communication in s/step)."""
-    from rich.table import Table
-
+def render_plan(spec, result, *, width: int, wide: bool = False, style: bool = False) -> str:
+    """The ranked candidates (memory in GiB per GPU, exposed communication in s/step) and the why-lines."""
     title = (f"{spec.name}: {spec.world_size} x {spec.cluster.gpu}, global batch {spec.training.global_batch_size}"
              f" x {spec.model.seq_length} tokens; {result.num_fitting} of {result.num_considered} layouts fit")
-    table = Table(title=title, title_justify="left")
-    for header in COLUMNS:
-        left = header in ("layout", "recompute")
-        table.add_column(header, justify="left" if left else "right", no_wrap=True)
-    for rank, est in enumerate(result.candidates, 1):
-        table.add_row(*_row(rank, est))
-    return table
+    rows = [_row(rank, est) for rank, est in enumerate(result.candidates, 1)]
+    table = render_table(COLUMNS, rows, width=width, wide=wide, title=title, style=style)
+    lines = [table.text]
+    if table.hidden:
+        lines.append(hidden_note(table.hidden, width))
+    for line in result.reasons:
+        lines.append(f"- {line}" if wide else wrap_text(line, width, first="- ", indent="  "))
+    return "\n".join(lines)
 
 
 def _row(rank: int, est) -> list[str]:
@@ -78,8 +83,12 @@ def _row(rank: int, est) -> list[str]:
     lay, mem, comm = est.layout, est.memory, est.comm
     name = lay.tag() + (" sp" if lay.sequence_parallel else "") + (
         f" offload={lay.offload}" if lay.offload != "none" else "")
-    gib = [f"{getattr(mem, k) / GiB:.1f}" for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
-                                                    "activations_bytes", "other_bytes", "total_bytes")]
-    return [str(rank), name, lay.recompute, *gib, f"{est.bubble_fraction:.1%}", f"{comm.tp_exposed_s:.2f}",
-            f"{comm.pp_exposed_s:.2f}", f"{comm.dp_exposed_s:.2f}", f"{est.step_time_s:.3g}",
-            f"{est.tokens_per_s:,.0f}", f"{est.tflops_per_gpu:.3g}", plus_minus(est.uncertainty), f"{est.mfu:.1%}"]
+    gib = {k: f"{getattr(mem, k + '_bytes') / GiB:.1f}" for k in ("params", "grads", "optimizer", "activations",
+                                                                  "other", "total")}
+    cells = {"#": str(rank), "layout": name, "recompute": lay.recompute, "params": gib["params"],
+             "grads": gib["grads"], "optim": gib["optimizer"], "acts": gib["activations"], "other": gib["other"],
+             "total GiB": gib["total"], "bubble": f"{est.bubble_fraction:.1%}", "TP s": f"{comm.tp_exposed_s:.2f}",
+             "PP s": f"{comm.pp_exposed_s:.2f}", "DP s": f"{comm.dp_exposed_s:.2f}",
+             "step s": f"{est.step_time_s:.3g}", "tokens/s": f"{est.tokens_per_s:,.0f}",
+             "±": plus_minus(est.uncertainty), "TFLOP/s": f"{est.tflops_per_gpu:.3g}", "MFU": f"{est.mfu:.1%}"}
+    return [cells[c.header] for c in COLUMNS]

@@ -10,8 +10,11 @@ import click
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print {backend, job_id, state} as JSON.")
 def command(run_dir, as_json) -> None:
-    """Print the job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...). Exit 0 unless the job
-    FAILED (then 1)."""
+    """Print the job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...).
+
+    Exit 0 when the state is known and not a failure; 1 when the job FAILED (also NODE_FAIL, OUT_OF_MEMORY,
+    TIMEOUT); 2 when nothing was launched from RUN_DIR (no job.json: not a run dir, or never launched).
+    """
     from ..launch import backend_module
     from ..launch.base import CommandRunner, JobRecord, JobState
 

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
+
+from .table import plural
 
 
 @click.command(name="validate")
@@ -19,14 +22,36 @@ def command(paths, world_size, model_parallel_size, static_only, as_json) -> Non
     """Check each PATH (a spec, a ds_config.json, a megatron_args.txt / megatron_config.json, or a run
     dir) and report every problem at once as `path: message (hint)`. Exit 0 when clean, 2 otherwise.
     """
-    from ..validate import validate_path
+    from ..validate.prefetch import shared_answers
 
-    problems, notes = [], []
-    for path in paths:
-        problems += validate_path(path, world_size=world_size, model_parallel_size=model_parallel_size,
-                                  deep=not static_only, notes=notes)
+    with shared_answers():
+        problems, notes = check_paths(paths, world_size, model_parallel_size, static_only)
     for note in notes:
         click.echo(f"note: {note}", err=True)
+    _report(problems, paths, as_json)
+
+
+def check_paths(paths, world_size, model_parallel_size, static_only) -> tuple[list, list]:
+    """Every path's problems, saying on stderr what is being checked; the slow library checks of all paths
+    are asked up front, one process per library."""
+    from ..validate import detect_kind, validate_path
+    from ..validate.prefetch import prefetch_deep_checks
+
+    problems, notes = [], []
+    deep = [p for p in paths if not static_only and Path(p).exists() and detect_kind(Path(p)) != "spec"]
+    if deep:
+        click.echo(f"asking DeepSpeed's and Megatron-Core's own config classes about {plural(len(deep), 'path')} "
+                   "(one process each, ~5-15 s) ...", err=True)
+        prefetch_deep_checks(deep, world_size=world_size, model_parallel_size=model_parallel_size)
+    for i, path in enumerate(paths, 1):
+        if len(paths) > 1:
+            click.echo(f"[{i}/{len(paths)}] checking {path}", err=True)
+        problems += validate_path(path, world_size=world_size, model_parallel_size=model_parallel_size,
+                                  deep=not static_only, notes=notes)
+    return problems, notes
+
+
+def _report(problems, paths, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([p.to_dict() for p in problems], indent=2))
     else:

@@ -39,11 +39,14 @@ def attention_scale(shape: ModelShape, cp: int) -> float:
     return cp * causal_fraction(s) / causal_fraction(s // cp)
 
 
-def with_full_attention(layer: LayerTimeEstimate, shape: ModelShape, cp: int) -> LayerTimeEstimate:
-    """A rank's layer time (computed on the s/cp shape) with its attention over all s keys."""
-    extra = (attention_scale(shape, cp) - 1) * layer.attention_forward_s
-    if extra == 0:
+def with_full_attention(layer: LayerTimeEstimate, shape: ModelShape, cp: int,
+                        kernel_gap_s: float = 0.0) -> LayerTimeEstimate:
+    """A rank's layer time (computed on the s/cp shape) with its attention over all s keys. The ring runs
+    the attention as one kernel per step and chunk pair (2 * cp - 1 more launches forward, as many backward,
+    each also correcting the running softmax)."""
+    if cp == 1:
         return layer
+    extra = (attention_scale(shape, cp) - 1) * layer.attention_forward_s + (2 * cp - 1) * kernel_gap_s
     recompute = layer.recompute_s + (extra if layer.recompute_s >= layer.forward_s else 0.0)
     return dataclasses.replace(layer, forward_s=layer.forward_s + extra,
                                backward_s=layer.backward_s + FLASH_BWD_FACTOR * extra, recompute_s=recompute,

@@ -64,7 +64,7 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
         layer = _mix(dense, moe_layer, share)
         comm = expert_layer_comm(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb)
         ep_bytes, ep_s = share * comm.bytes, share * comm.seconds
-    layer = with_full_attention(layer, shape, key.cp)
+    layer = with_full_attention(layer, shape, key.cp, hw.kernel_gap_s)
     cp = context_layer_comm(shape, hw, key.tp, key.cp, key.mb, layer.attention_forward_s)
     return RankLayer(time=layer, ep_bytes=ep_bytes, ep_s=ep_s, cp_bytes=cp.bytes, cp_s=cp.seconds,
                      cp_exposed_s=cp.exposed_s)

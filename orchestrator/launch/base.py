@@ -52,6 +52,12 @@ class LaunchFailed(OrchError):
         self.exit_code = exit_code
 
 
+class NotLaunched(OrchError):
+    """`orch status` / `orch cancel` on a run dir nothing was launched from: a usage mistake (exit 2)."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """Exactly what a backend will run: argv in cwd with env added to the caller's environment.
@@ -65,6 +71,7 @@ class LaunchPlan:
     cwd: Path
     env: dict[str, str] = field(default_factory=dict)
     preview: str = ""
+    inherit_fds: tuple[int, ...] = ()      # descriptors the started process keeps (the run-dir lock)
 
     def describe(self) -> str:
         """Shell-pasteable form: cd, the added environment (secrets masked), the command, the preview."""
@@ -95,8 +102,8 @@ class JobRecord:
     def load(run_dir: str | Path) -> "JobRecord":
         path = Path(run_dir) / JOB_RECORD
         if not path.is_file():
-            raise OrchError(f"{run_dir}: nothing was launched from this run dir (no {JOB_RECORD}); "
-                            "start it with `orch launch`")
+            raise NotLaunched(f"{run_dir}: nothing was launched from this run dir (no {JOB_RECORD}); "
+                              f"start it with `orch launch {run_dir}`")
         return JobRecord(**json.loads(path.read_text()))
 
 
@@ -122,7 +129,8 @@ class CommandRunner:
         out = open(log_path, "ab") if log_path else None  # noqa: SIM115 (the child owns it)
         try:
             return subprocess.Popen(plan.argv, cwd=plan.cwd, env=_merged(plan.env), start_new_session=True,
-                                    stdout=out or None, stderr=subprocess.STDOUT if out else None)
+                                    stdout=out or None, stderr=subprocess.STDOUT if out else None,
+                                    pass_fds=plan.inherit_fds)
         except FileNotFoundError:
             raise OrchError(f"`{plan.argv[0]}` is not installed or not on PATH") from None
         finally:
@@ -161,3 +169,15 @@ def torchrun_failure(text: str) -> tuple[int, int] | None:
     """(rank, exit code) of the first failed worker from torchrun's error summary, if present."""
     rank, code = _ROOT_CAUSE.search(text), _EXITCODE.search(text)
     return (int(rank.group(1)), int(code.group(1))) if rank and code else None
+
+
+def rank_exit_code(code: int, *logs: Path) -> int:
+    """The job's exit code as the user should see it: torchrun (and so srun, pdsh) exits 1 whatever its failed
+    worker's code was; when torchrun's summary in ``logs`` names the worker's own code, that one (a worker
+    killed by signal N: 128 + N, as a shell reports it)."""
+    if code != 1:
+        return code
+    found = torchrun_failure("\n".join(line for log in logs for line in tail_lines(log, 400)))
+    if not found or found[1] == 0:
+        return code
+    return found[1] if found[1] > 0 else 128 - found[1]

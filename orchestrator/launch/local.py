@@ -5,6 +5,7 @@ a free rendezvous port, and torchrun's per-rank logs under ``RUN_DIR/logs/torchr
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,8 +14,9 @@ import time
 from pathlib import Path
 
 from ..rundir import RunDir
+from ..runlock import holders
 from .base import (LOG_DIR, CommandRunner, JobRecord, JobState, LaunchFailed, LaunchPlan,  # noqa: F401
-                   tail_lines, torchrun_failure)
+                   rank_exit_code, tail_lines, torchrun_failure)
 
 EXIT_CODE_FILE = "exitcode"
 
@@ -41,6 +43,8 @@ def submit(plan: LaunchPlan, runner: CommandRunner):
     logs.mkdir(exist_ok=True)
     (logs / EXIT_CODE_FILE).unlink(missing_ok=True)
     log_path = logs / "launch.log"
+    if log_path.exists():       # this launch's log only: a failure report must not find an earlier failure
+        os.replace(log_path, logs / "launch.previous.log")
     proc = runner.start(plan, log_path=log_path)
     record = JobRecord(backend="local", job_id=str(proc.pid), run_dir=str(plan.cwd),
                        submitted_unix=time.time(), log_path=str(log_path))
@@ -52,21 +56,66 @@ def status(record: JobRecord, runner: CommandRunner | None = None) -> JobState:
     code_file = Path(record.run_dir) / LOG_DIR / EXIT_CODE_FILE
     if code_file.is_file():
         text = code_file.read_text().strip()
-        return JobState.COMPLETED if text == "0" else JobState.CANCELLED if text in ("130", "143") \
-            else JobState.FAILED
-    return JobState.RUNNING if _alive(int(record.job_id)) else JobState.CANCELLED
+        if text == "0":
+            return JobState.COMPLETED
+        stopped = _recorded_stop(record)
+        return stopped or (JobState.CANCELLED if text in ("130", "143") else JobState.FAILED)
+    if _alive(int(record.job_id)) or holders(record.run_dir):    # ranks outlive a killed torchrun
+        return JobState.RUNNING
+    return JobState.CANCELLED
+
+
+def _recorded_stop(record: JobRecord) -> JobState | None:
+    """The trainer's own word on a non-zero exit: it checkpointed and stopped (exit 75) during this launch:
+    CANCELLED when `orch cancel` asked for it, else PREEMPTED (a signal from elsewhere)."""
+    from ..train.signals import EXIT_PREEMPTED  # noqa: PLC0415
+
+    try:
+        status_record = json.loads((Path(record.run_dir) / "train_status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(status_record, dict) or status_record.get("exit_code") != EXIT_PREEMPTED or \
+            not isinstance(status_record.get("time_unix"), (int, float)) or \
+            status_record["time_unix"] < record.submitted_unix:
+        return None
+    return JobState.CANCELLED if record.extra.get("cancelled_unix") else JobState.PREEMPTED
 
 
 def cancel(record: JobRecord, runner: CommandRunner | None = None, *, grace_s: float = 10) -> None:
+    """Stop the job's process group (torchrun forwards the signal: ranks checkpoint and exit), then every
+    process still holding the run-dir lock: ranks in sessions of their own, or orphaned by a killed
+    torchrun, are found by the lock they hold, not by their group."""
+    record.extra["cancelled_unix"] = time.time()
+    record.save()
     stop_group(int(record.job_id), grace_s=grace_s)
+    stop_pids(lambda: holders(record.run_dir), grace_s=grace_s)
+
+
+def stop_pids(find, *, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL, the processes ``find()`` returns until it returns none."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5)):
+        pids = find()
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + wait_s
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = [p for p in find() if _alive(p)]
+        if not pids:
+            return
 
 
 def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
+    """The job's exit code: the failed rank's own code where torchrun reports one (:func:`rank_exit_code`)."""
     code_file = Path(record.run_dir) / LOG_DIR / EXIT_CODE_FILE
     try:
-        return int(code_file.read_text().strip())
+        code = int(code_file.read_text().strip())
     except (OSError, ValueError):
         return 1
+    return rank_exit_code(code, Path(record.run_dir) / LOG_DIR / "launch.log")
 
 
 def _alive(pid: int) -> bool:

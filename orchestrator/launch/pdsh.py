@@ -24,9 +24,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import OrchError, SpecError
+from ..layout import pdsh_host_count_problem
 from ..render.scripts import pdsh_hosts, pdsh_ssh_options
 from ..rundir import RunDir, read_run_dir
-from .base import LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, tail_lines, torchrun_failure
+from .base import (LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, rank_exit_code, tail_lines,
+                   torchrun_failure)
 
 SCRIPT = "launch_pdsh.sh"
 RESULT_FILE = "pdsh_result.json"
@@ -84,7 +86,7 @@ def target_of(run: RunDir) -> PdshTarget:
     spec = run.spec
     hosts = tuple(pdsh_hosts(spec))
     if len(hosts) != spec.cluster.num_nodes:
-        raise SpecError(f"{len(hosts)} host(s) for num_nodes({spec.cluster.num_nodes})", path="launch.pdsh.hosts")
+        raise SpecError(pdsh_host_count_problem(spec))
     dupes = sorted({h for h in hosts if hosts.count(h) > 1})
     if dupes:
         raise SpecError(f"{', '.join(dupes)} listed more than once (pdsh runs one command per host name)",
@@ -150,7 +152,7 @@ def build(run: RunDir, *, run_id: str | None = None) -> LaunchPlan:
     argv = [sys.executable, "-m", "orchestrator.launch.supervise", "--run-id", run_id,
             "--hosts", ",".join(target.hosts), "--ssh-port", str(target.ssh_port), "--fanout", str(target.fanout),
             "--result", f"{LOG_DIR}/{RESULT_FILE}", "--", "bash", SCRIPT]
-    env = {"ORCH_PYTHON": sys.executable, "ORCH_PDSH_RUN_ID": run_id}
+    env = {"ORCH_PYTHON": sys.executable, "ORCH_PDSH_RUN_ID": run_id, "PYTHONSAFEPATH": "1"}   # cwd: the run dir
     script = (run.path / SCRIPT).read_text()
     preview = (f"# first: ssh to {', '.join(target.hosts)} (port {target.ssh_port}) checks every host and picks "
                f"MASTER_PORT free on {target.hosts[0]}\n# {SCRIPT}, which the supervisor runs:\n{script}")
@@ -215,7 +217,7 @@ def status(record: JobRecord, runner: CommandRunner | None = None) -> JobState:
 
 def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
     result = read_result(record)
-    return int(result["exit_code"]) if result else 1
+    return rank_exit_code(int(result["exit_code"]), Path(record.log_path)) if result else 1
 
 
 def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> None:

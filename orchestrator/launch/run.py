@@ -1,31 +1,51 @@
 """launch_run_dir: build, submit, and (with wait) follow a job to its end, for any backend."""
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..rundir import read_run_dir
+from ..errors import Problem, SpecError
+from ..rundir import RunDir, read_run_dir
 from . import backend_module
+from ..runlock import RunDirBusy, share, try_lock
 from .base import CommandRunner, JobRecord, JobState, LaunchFailed
-from .progress import METRICS, follow, format_progress
+from .guard import busy_message, check_intact, refuse_if_active
+from .progress import METRICS, StartupWatch, follow, format_progress
 
 
 def launch_run_dir(run_dir: str | Path, *, backend: str | None = None, dry_run: bool = False,
                    wait: bool = False, timeout_s: float | None = None, runner: CommandRunner | None = None,
-                   echo: Callable[[str], None] = print, note: Callable[[str], None] = print) -> int:
-    """Start RUN_DIR's job; returns the exit code (0, or the job's code with wait)."""
+                   echo: Callable[[str], None] = print, note: Callable[[str], None] = print,
+                   allow_modified: bool = False) -> int:
+    """Start RUN_DIR's job; returns the exit code (0, or the job's code with wait).
+
+    Refused (before anything runs, --dry-run included) when a generated file differs from the manifest,
+    unless ``allow_modified``; refused when another job holds the run dir.
+    """
     run = read_run_dir(run_dir)
+    check_intact(run, allow_modified=allow_modified, dry_run=dry_run, note=note)
     name = backend or run.spec.launch.backend
     module = backend_module(name)
     plan = module.build(run)
+    refusal = local_refusal(run) if name == "local" else None
     if dry_run:
         echo(plan.describe())
+        if refusal:
+            note(f"note: run for real, this would be refused: {refusal.problems[0]}")
+        return 0
+    if refusal:
+        raise refusal
+    trained = already_trained(run)
+    if trained:
+        note(trained)
         return 0
     runner = runner or CommandRunner()
     metrics = run.path / METRICS
     offset = metrics.stat().st_size if metrics.is_file() else 0
-    record = module.submit(plan, runner)[0]
+    record = submit_exclusive(run.path, module, plan, runner)
     note(f"started {name} job {record.job_id}; logs in {run.path / 'logs'}")
     if not wait:
         note(f"follow it with: orch status {run.path}")
@@ -34,14 +54,31 @@ def launch_run_dir(run_dir: str | Path, *, backend: str | None = None, dry_run: 
                     train_iters=run.spec.training.train_iters, echo=echo, note=note)
 
 
+def submit_exclusive(run_dir: Path, module, plan, runner: CommandRunner) -> JobRecord:
+    """Submit under the run-dir lock, after checking that no recorded job is still active. The job inherits
+    the lock (downgraded to shared: its ranks take it shared too), so it is held while any process of
+    the job lives and released by the kernel when the last one exits."""
+    fd = try_lock(run_dir)
+    if fd is None:
+        raise RunDirBusy(busy_message(run_dir))
+    try:
+        refuse_if_active(run_dir, runner)
+        share(fd)
+        return module.submit(replace(plan, inherit_fds=(fd,)), runner)[0]
+    finally:
+        os.close(fd)
+
+
 def wait_for(module, record: JobRecord, runner: CommandRunner, *, metrics: Path, offset: int,
              timeout_s: float | None, train_iters: int, echo, note) -> int:
     """Print a progress line per step until the job ends; raise LaunchFailed when it did not complete."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
     state = JobState.UNKNOWN
+    starting = StartupWatch(record.log_path, note)
 
     def done() -> bool:
         nonlocal state
+        starting.poll()
         previous, state = state, module.status(record, runner)
         if previous is not JobState.UNKNOWN and state is not previous and not state.finished:
             note(f"job {record.job_id} {state.value}")   # e.g. requeued: PENDING, then RUNNING again
@@ -52,6 +89,7 @@ def wait_for(module, record: JobRecord, runner: CommandRunner, *, metrics: Path,
 
     try:
         for rec in follow(metrics, done, offset=offset):
+            starting.stop()
             echo(format_progress(rec, train_iters))
     except KeyboardInterrupt:
         note("interrupted: stopping every rank ...")
@@ -63,3 +101,29 @@ def wait_for(module, record: JobRecord, runner: CommandRunner, *, metrics: Path,
     code = module.exit_code(record, runner)
     raise LaunchFailed(f"job {record.job_id} {state.value}: " + module.failure_report(record, runner, code),
                        code or 1)
+
+
+def local_refusal(run: RunDir) -> SpecError | None:
+    """Why the local backend cannot run this spec (None when it can): torchrun on one host cannot stand in
+    for several nodes; it would wait for the other nodes' rendezvous forever."""
+    nodes = run.spec.cluster.num_nodes
+    if nodes == 1:
+        return None
+    return SpecError([Problem("launch.backend", f"'local' runs torchrun on this host only, but cluster.num_nodes is "
+                              f"{nodes}: the other {nodes - 1} node(s) would never join",
+                              f"launch it on the cluster: `orch launch {run.path} --backend slurm` (or "
+                              "`--backend pdsh` with launch.pdsh.hosts), or set cluster.num_nodes: 1 to try it "
+                              "on this machine")])
+
+
+def already_trained(run: RunDir) -> str | None:
+    """A note when the run dir's newest checkpoint is its last step (launching again would train nothing)."""
+    from ..train.checkpoint import checkpoint_dir, latest_step  # noqa: PLC0415  (no torch at import)
+
+    ckpt = checkpoint_dir(run.path, run.spec)
+    step, total = latest_step(ckpt), run.spec.training.train_iters
+    if step is None or step < total:
+        return None
+    return (f"{run.path} is already trained: its checkpoint {ckpt / f'global_step{step}'} is step {step} of "
+            f"{total}; nothing to launch. To train again from step 0, write a fresh run dir (`orch generate SPEC "
+            f"-o {run.path} --force`) or remove {ckpt}")

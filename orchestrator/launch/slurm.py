@@ -18,7 +18,8 @@ from pathlib import Path
 from ..errors import OrchError
 from ..render.scripts import ARRAY_ERROR, ARRAY_OUTPUT, SLURM_ERROR, SLURM_OUTPUT
 from ..rundir import RunDir
-from .base import LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, tail_lines, torchrun_failure
+from .base import (LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, rank_exit_code, tail_lines,
+                   torchrun_failure)
 
 SCRIPT = "launch.sbatch"
 CANCEL_WAIT_S = 30          # how long `orch cancel` waits for the job's processes to be gone
@@ -242,7 +243,8 @@ def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
     jobs = query(record.job_id, runner or CommandRunner())
     if not jobs:
         return 1
-    return max(job.exit_code for job in jobs) or (0 if combined_state(jobs) is JobState.COMPLETED else 1)
+    code = max(job.exit_code for job in jobs) or (0 if combined_state(jobs) is JobState.COMPLETED else 1)
+    return rank_exit_code(code, Path(record.extra.get("error_path", record.log_path)))
 
 
 def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> None:

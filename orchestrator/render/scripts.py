@@ -40,13 +40,22 @@ def env_assignments(plan: Plan) -> dict[str, str]:
     from .megatron import megatron_env  # noqa: PLC0415
 
     env = dict(megatron_env(plan))  # CUDA_DEVICE_MAX_CONNECTIONS as Megatron-LM asserts it for this layout
+    env["PYTHONSAFEPATH"] = "1"     # `python -m` from the run dir: no file there (a wandb.py) shadows an import
     if plan.spec.cluster.gpu == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
     return env
 
 
+# Scripts run `python -m` from the run dir. PYTHONSAFEPATH (env_assignments) keeps the working directory off
+# sys.path; an empty or relative PYTHONPATH entry ("export PYTHONPATH=$PYTHONPATH:/x" with it unset) would
+# put it back, so only absolute entries are kept.
+SAFE_PYTHONPATH = ('if [ -n "${PYTHONPATH:-}" ]; then IFS=: read -r -a orch_pp <<< "$PYTHONPATH"; PYTHONPATH=""; '
+                   'for p in "${orch_pp[@]}"; do case "$p" in /*) PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$p" ;; '
+                   'esac; done; export PYTHONPATH; fi   # absolute entries only: nothing from the run dir')
+
+
 def _export_lines(plan: Plan) -> list[str]:
-    return [f"export {k}={shlex.quote(v)}" for k, v in env_assignments(plan).items()]
+    return [f"export {k}={shlex.quote(v)}" for k, v in env_assignments(plan).items()] + [SAFE_PYTHONPATH]
 
 
 def render_local(plan: Plan) -> str:
@@ -144,7 +153,7 @@ def render_pdsh(plan: Plan) -> str:
                    remote_env=remote_env, forward_patterns=forward,
                    secret_patterns="|".join((*SECRET_ENV, *PDSH_NEVER_FORWARD)),
                    num_nodes=plan.num_nodes, procs_per_node=plan.procs_per_node,
-                   torchrun_signals=TORCHRUN_SIGNALS)
+                   torchrun_signals=TORCHRUN_SIGNALS, pythonpath_line=SAFE_PYTHONPATH)
 
 
 def render_hostfile(plan: Plan) -> str:

@@ -7,6 +7,8 @@ object ``deepspeed.comm.comm.cdb``, through which every DeepSpeed collective pas
 - ``allreduce``: gradient reductions (all_reduce, reduce_scatter, reduce) over the data-parallel group;
 - ``allgather``: parameter all-gathers over the data-parallel group (ZeRO-1/2 after the step, ZeRO-3
   before each use);
+- ``alltoall``: all-to-all exchanges on any group (MoE token dispatch and combine, Ulysses'
+  sequence/head exchange), forward and backward;
 - ``other``: every other collective that moves data (pipeline send/recv, tied-weight and tensor-
   parallel reductions, broadcasts). Collectives on a group of one process move nothing and are ignored.
 
@@ -28,9 +30,9 @@ from dataclasses import dataclass, fields
 
 REDUCTIONS = frozenset({"all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor"})
 GATHERS = frozenset({"all_gather", "all_gather_into_tensor", "all_gather_base", "all_gather_coalesced"})
-MOVES = frozenset({"broadcast", "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_to_all",
-                   "all_to_all_single", "gather", "scatter"})
-OPS = REDUCTIONS | GATHERS | MOVES
+ALLTOALL = frozenset({"all_to_all", "all_to_all_single"})
+MOVES = frozenset({"broadcast", "send", "recv", "isend", "irecv", "batch_isend_irecv", "gather", "scatter"})
+OPS = REDUCTIONS | GATHERS | ALLTOALL | MOVES
 P2P = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 
 # Where the tensors and the group are, per op: (tensor argument names, group argument name).
@@ -54,10 +56,12 @@ class CommStats:
     other_blocked_s: float = 0.0
     allreduce_bytes: int = 0
     allreduce_bus_bytes: float = 0.0
+    alltoall_s: float = 0.0
+    alltoall_blocked_s: float = 0.0
 
     @property
     def blocked_s(self) -> float:
-        return self.allreduce_blocked_s + self.allgather_blocked_s + self.other_blocked_s
+        return self.allreduce_blocked_s + self.allgather_blocked_s + self.other_blocked_s + self.alltoall_blocked_s
 
 
 def _nbytes(value) -> int:
@@ -184,6 +188,9 @@ class CommTimer:
         elif bucket == "allgather":
             s.allgather_s += total
             s.allgather_blocked_s += blocked
+        elif bucket == "alltoall":
+            s.alltoall_s += total
+            s.alltoall_blocked_s += blocked
         else:
             s.other_s += total
             s.other_blocked_s += blocked
@@ -199,6 +206,8 @@ class CommTimer:
         kind, size = info
         if kind == "local":
             return None, size
+        if op in ALLTOALL:
+            return "alltoall", size
         if kind == "dp" and op in REDUCTIONS:
             return "allreduce", size
         if kind == "dp" and op in GATHERS:

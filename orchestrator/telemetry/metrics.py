@@ -12,7 +12,9 @@ Each rank contributes a :data:`ROW` of raw numbers; rank 0 turns the rows of all
 - ``allreduce_time_s`` / ``comm_exposed_s``: the slowest rank's time in data-parallel gradient
   reductions / the part of it its training thread was blocked (comm.py); ``allreduce_overhead`` =
   allreduce_time_s / step_time_s;
-- ``mem_peak_bytes``: max over ranks; ``loss``: mean over ranks of each rank's mean micro-batch loss.
+- ``mem_peak_bytes``: max over ranks; ``loss``: mean over ranks of each rank's mean micro-batch loss;
+- ``alltoall_time_s``: the slowest rank's time in all-to-all exchanges; with MoE, the routing metrics of
+  moe.py from the counts summed over ranks.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 from .record import MetricsRecord
 
 ROW = ("step_time_s", "compute_time_s", "allreduce_s", "allreduce_blocked_s", "allgather_s", "other_s",
-       "allreduce_bytes", "allreduce_bus_bytes", "mem_peak_bytes", "loss", "stop")
+       "allreduce_bytes", "allreduce_bus_bytes", "mem_peak_bytes", "loss", "stop",
+       "alltoall_s")   # MoE and context parallelism (issue 10)
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,8 @@ def bubble(compute_s: float, step_s: float) -> float:
 
 
 def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: float, lr: float,
-                 grad_norm: float | None) -> MetricsRecord:
-    """The step's record from every rank's ROW (as dicts)."""
+                 grad_norm: float | None, moe: dict | None = None) -> MetricsRecord:
+    """The step's record from every rank's ROW (as dicts); ``moe``: the routing metrics (moe.py), if any."""
     step_time = max(r["step_time_s"] for r in rows)
     bubbles = [bubble(r["compute_time_s"], r["step_time_s"]) for r in rows] if c.pp > 1 else [0.0]
     allreduce = max(r["allreduce_s"] for r in rows)
@@ -86,4 +89,7 @@ def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: flo
         allreduce_busbw_GBps=(sum(r["allreduce_bus_bytes"] for r in rows) / ar_time_sum / 1e9
                               if ar_time_sum > 0 else 0.0),
         world_size=c.world_size,
+        # MoE and context parallelism (issue 10)
+        alltoall_time_s=max(r["alltoall_s"] for r in rows),
+        **(moe or {}),
     )

@@ -56,6 +56,21 @@ class MetricsRecord:
     allreduce_busbw_GBps: float = spec_field(0.0, doc="achieved bus bandwidth of those reductions "
                                                       "(nccl-tests convention), GB/s", minimum=0)
     world_size: int = spec_field(1, doc="processes in the job", minimum=1)
+    # --- MoE and context parallelism (issue 10) -----------------------------------------------------
+    alltoall_time_s: float = spec_field(0.0, doc="time inside all-to-all exchanges (MoE token dispatch and "
+                                                 "combine, Ulysses sequence/head exchange), forward and backward, "
+                                                 "the slowest rank; 0 without them", minimum=0)
+    expert_load_imbalance: Optional[float] = spec_field(
+        None, doc="MoE: the most-loaded expert's routed token-slots over the mean per expert (over the step's "
+                  "micro-batches and ranks), the worst MoE layer; 1 = balanced; null for a dense model", minimum=1)
+    tokens_dropped_fraction: Optional[float] = spec_field(
+        None, doc="MoE: token-slots dropped at expert capacity / token-slots routed; 0 when dropless; null for a "
+                  "dense model", minimum=0, maximum=1)
+    moe_aux_loss: Optional[float] = spec_field(
+        None, doc="MoE: the routers' load-balancing loss added to the objective (aux_loss_coeff included, summed "
+                  "over MoE layers), mean over micro-batches and ranks; ``loss`` is the language-model loss "
+                  "without it; null for a dense model", minimum=0)
+    # --- end of the MoE and context-parallelism block -----------------------------------------------
 
 
 def record_fields() -> list[str]:

@@ -38,40 +38,92 @@ def record_dict(record: MetricsRecord) -> dict:
 
 
 class JsonlSink:
-    def __init__(self, path: str | Path):
+    """Appends records to metrics.jsonl. Starts on a fresh line (garbage or a torn line at the end of the
+    file never swallows a record), and notices when the file is deleted or replaced under it: it re-creates
+    the file and says so, instead of writing on into an unlinked file that nobody will read."""
+
+    def __init__(self, path: str | Path, warn=None):
         self.path = Path(path)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._warn = warn or (lambda message: print(f"{PROGRESS_PREFIX} warning: {message}", file=sys.stderr,
+                                                    flush=True))
+        self._open()
+
+    def _open(self) -> None:
+        self._file = open(self.path, "ab")      # noqa: SIM115  (closed in close())
+        if self._file.tell() > 0:
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    self._file.write(b"\n")
+        self._inode = os.fstat(self._file.fileno()).st_ino
+
+    def _still_ours(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == self._inode
+        except FileNotFoundError:
+            return False
 
     def write(self, record: MetricsRecord) -> None:
-        self._file.write(json.dumps(record_dict(record), separators=(",", ":")) + "\n")
+        if not self._still_ours():
+            self._file.close()
+            self._open()
+            self._warn(f"{self.path} was deleted or replaced while the job ran: re-created it at step "
+                       f"{record.step}; the records before that step are not in it")
+        self._file.write((json.dumps(record_dict(record), separators=(",", ":")) + "\n").encode())
         self._file.flush()
 
     def close(self, *, exit_code: int = 0) -> None:
         self._file.close()
 
 
+def parse_record(line: bytes | str) -> dict | None:
+    """One metrics.jsonl line as a record; None for anything else (a torn line, bytes that are not UTF-8,
+    JSON that is not an object, numbers Python will not convert)."""
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _lines(path: Path) -> list[bytes]:
+    return [line for line in path.read_bytes().split(b"\n") if line.strip()]
+
+
 def read_metrics(path: str | Path) -> list[dict]:
-    """The complete records of a metrics.jsonl (a torn last line from a killed job is skipped)."""
+    """The records of a metrics.jsonl (torn, garbage and non-object lines are skipped)."""
     path = Path(path)
     if not path.exists():
         return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+    return [r for r in map(parse_record, _lines(path)) if r is not None]
+
+
+def _step_of(record: dict) -> int | None:
+    step = record.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def truncate_metrics(path: str | Path, last_step: int) -> int:
-    """Keep only records with step <= last_step (atomically); returns how many were dropped."""
+    """Keep only the records of steps <= last_step, each step once (atomically); returns how many lines
+    were dropped (records after the checkpoint, repeats, garbage)."""
     path = Path(path)
     if not path.exists():
         return 0
-    records = read_metrics(path)
-    kept = [r for r in records if isinstance(r.get("step"), int) and r["step"] <= last_step]
-    dropped = len(path.read_text(encoding="utf-8").splitlines()) - len(kept)
+    lines = _lines(path)
+    kept, seen = [], set()
+    for record in map(parse_record, lines):
+        step = None if record is None else _step_of(record)
+        if step is not None and step <= last_step and step not in seen:
+            kept.append(record)
+            seen.add(step)
+    dropped = len(lines) - len(kept)
     if dropped:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept), encoding="utf-8")

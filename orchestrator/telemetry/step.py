@@ -1,7 +1,8 @@
 """StepTelemetry: time each optimizer step, gather every rank's numbers on rank 0, feed the sinks.
 
 Per step every rank fills its row of a [world_size, len(ROW)] float64 tensor and ONE all_reduce (sum)
-gives every rank all rows; rank 0 builds the record (metrics.py) and writes it to the sinks. The same
+gives every rank all rows; rank 0 builds the record (metrics.py) and writes it to the sinks. With MoE the
+same all_reduce also sums every rank's routing counts, appended after the rows (moe.py). The same
 all_reduce carries each rank's "stop requested" flag (a signal arrived), so all ranks agree to stop
 after the same step. With telemetry disabled only that flag is reduced.
 
@@ -17,6 +18,7 @@ import torch
 
 from .comm import CommTimer
 from .metrics import ROW, RunConstants, build_record
+from .moe import MoEShape, moe_metrics
 from .record import MetricsRecord
 from .timing import BusyTimer, peak_memory_bytes
 
@@ -31,8 +33,9 @@ def _raw_all_reduce():
 class StepTelemetry:
     def __init__(self, constants: RunConstants, *, rank: int, world_size: int, sinks: list,
                  comm: Optional[CommTimer], busy: BusyTimer, device: torch.device | str = "cpu",
-                 enabled: bool = True):
+                 enabled: bool = True, moe: MoEShape | None = None):
         self.c = constants
+        self.moe = moe
         self.rank, self.world_size = rank, world_size
         self.sinks = sinks if rank == 0 else []
         self.comm, self.busy = comm, busy
@@ -59,8 +62,9 @@ class StepTelemetry:
         self._t0 = time.perf_counter()
 
     def end(self, *, step: int, loss: float, lr: float, grad_norm: float | None,
-            stop_requested: bool = False) -> tuple[MetricsRecord | None, bool]:
-        """Call right after the optimizer step. Returns (record on rank 0 else None, stop on all ranks)."""
+            stop_requested: bool = False, moe_counts: list[float] | None = None) -> tuple[MetricsRecord | None, bool]:
+        """Call right after the optimizer step. Returns (record on rank 0 else None, stop on all ranks).
+        ``moe_counts``: this rank's routing vector (MoE models, laid out as ``self.moe``)."""
         if self.busy.synchronize:          # accelerator: the step is done when the device is
             self.busy.synchronize()
         step_time = time.perf_counter() - self._t0
@@ -75,15 +79,22 @@ class StepTelemetry:
                "allgather_s": comm.allgather_s if comm else 0.0, "other_s": comm.other_s if comm else 0.0,
                "allreduce_bytes": comm.allreduce_bytes if comm else 0,
                "allreduce_bus_bytes": comm.allreduce_bus_bytes if comm else 0.0,
-               "mem_peak_bytes": peak_memory_bytes(), "loss": float(loss), "stop": 1.0 if stop_requested else 0.0}
-        table = torch.zeros(self.world_size, len(ROW), dtype=torch.float64, device=self.device)
-        table[self.rank] = torch.tensor([float(row[k]) for k in ROW], dtype=torch.float64)
+               "mem_peak_bytes": peak_memory_bytes(), "loss": float(loss), "stop": 1.0 if stop_requested else 0.0,
+               "alltoall_s": comm.alltoall_s if comm else 0.0}
+        extra = self.moe.size if self.moe else 0
+        table = torch.zeros(self.world_size * len(ROW) + extra, dtype=torch.float64, device=self.device)
+        mine = self.rank * len(ROW)
+        table[mine:mine + len(ROW)] = torch.tensor([float(row[k]) for k in ROW], dtype=torch.float64)
+        if extra:
+            table[-extra:] = torch.tensor(moe_counts or [0.0] * extra, dtype=torch.float64)
         self._reduce(table)
-        rows = [dict(zip(ROW, values)) for values in table.cpu().tolist()]
+        values = table.cpu().tolist()
+        rows = [dict(zip(ROW, values[r * len(ROW):(r + 1) * len(ROW)])) for r in range(self.world_size)]
         stop = any(r["stop"] > 0 for r in rows)
         if self.rank != 0:
             return None, stop
-        record = build_record(self.c, rows, step=step, time_unix=time.time(), lr=lr, grad_norm=grad_norm)
+        moe = moe_metrics(self.moe, values[-extra:]) if extra else None
+        record = build_record(self.c, rows, step=step, time_unix=time.time(), lr=lr, grad_norm=grad_norm, moe=moe)
         self.last_record = record
         for sink in self.sinks:
             sink.write(record)

@@ -2,7 +2,8 @@
 
 - Mode: ``WANDB_MODE`` from the environment when set, else the spec's ``tracking.wandb.mode`` (offline
   by default: no account, no network; ``wandb sync`` uploads later). ``online`` without credentials
-  (no ``WANDB_API_KEY``, no netrc entry for the W&B host) falls back to offline with a warning.
+  (no ``WANDB_API_KEY``, no netrc entry for the W&B host) falls back to offline with a warning, and so
+  does online when the server cannot be reached or refuses the key (``wandb.init`` fails).
 - Run: name = spec name, group and tags from the spec plus the layout tag (``tp1-pp1-dp2-z2-mb2``),
   the precision and the engine; config = the resolved spec and the plan's chosen record; the plan's
   predictions as ``predicted/<metric>`` in config and summary. ``step`` is the x-axis of every metric.
@@ -76,6 +77,27 @@ def predicted_values(chosen: dict) -> dict:
     exposed = comm.get("dp_exposed_s", comm.get("exposed_s"))
     if isinstance(exposed, (int, float)):
         out["predicted/comm_exposed_s"] = exposed
+    out.update(_predicted_moe_cp(chosen, comm))
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _predicted_moe_cp(chosen: dict, comm: dict) -> dict:
+    """MoE and context parallelism (issue 10). Measured alltoall_time_s covers every all-to-all: the expert
+    dispatch and combine (``comm.ep_s``) and, with the DeepSpeed engine, the Ulysses exchanges
+    (``comm.cp_s``; with Megatron cp_s is the K/V ring, point-to-point, not an all-to-all). The load
+    imbalance prediction is plan.json's ``moe.load_imbalance`` (or ``expert_load_imbalance``) when it has one."""
+    out = {}
+    parts = [comm.get("ep_s")] + ([comm.get("cp_s")] if chosen.get("engine") == "deepspeed" else [])
+    if any(_number(p) for p in parts) and (chosen.get("ep", 1) or 1) * (chosen.get("cp", 1) or 1) > 1:
+        out["predicted/alltoall_time_s"] = sum(p for p in parts if _number(p))
+    moe = chosen.get("moe") if isinstance(chosen.get("moe"), dict) else {}
+    imbalance = moe.get("load_imbalance", chosen.get("expert_load_imbalance"))
+    if _number(imbalance):
+        out["predicted/expert_load_imbalance"] = imbalance
     return out
 
 
@@ -139,5 +161,23 @@ def open_wandb_sink(*, run_dir, spec, spec_data: dict, chosen: dict, layout_tag:
         print(f"[orch-train] warning: {note}", file=sys.stderr, flush=True)
     if mode == "disabled":
         return None
-    return WandbSink(run_dir=run_dir, spec_data=spec_data, wandb_spec=spec.tracking.wandb, chosen=chosen,
-                     layout_tag=layout_tag, precision=spec.training.precision, engine=engine, mode=mode)
+    args = dict(run_dir=run_dir, spec_data=spec_data, wandb_spec=spec.tracking.wandb, chosen=chosen,
+                layout_tag=layout_tag, precision=spec.training.precision, engine=engine)
+    if mode != "online":
+        return WandbSink(**args, mode=mode)
+    return _online_or_offline(args)
+
+
+def _online_or_offline(args: dict):
+    """Online W&B, or offline with a warning when the server cannot be reached or refuses the key:
+    tracking must never be what kills a training job."""
+    import wandb  # noqa: PLC0415
+
+    try:
+        return WandbSink(**args, mode="online")
+    except (wandb.errors.Error, OSError) as e:
+        reason = " ".join(str(e).split())[:300]
+        print(f"[orch-train] warning: W&B online failed ({e.__class__.__name__}: {reason}); logging offline "
+              "instead (upload later with `wandb sync`)", file=sys.stderr, flush=True)
+        wandb.teardown()     # the failed attempt still holds the run id in wandb's service
+        return WandbSink(**args, mode="offline")

@@ -11,6 +11,13 @@
   blocks; last stage: its blocks + final norm + output, as Megatron-LM places them). An even split keeps
   ds_config.json's partition method, as before.
 
+ZeroEngine also trains MoE models with expert parallelism (``ep`` ranks share each layer's experts:
+moe.py, DeepSpeed-MoE's groups and gradient reduction) and context parallelism as DeepSpeed-Ulysses
+(``cp`` consecutive ranks share each sequence, ulysses.py). With cp > 1, DeepSpeed sees every rank as
+data parallel (ds_config's ``sequence_parallel_size`` only makes its batch check count dp = world / cp):
+each rank's loss is the mean over its chunk of the positions, so the gradients averaged over all ranks
+are those of the mean over every token of the batch.
+
 Both wrap their compute (forward, backward, optimizer step) with the telemetry's BusyTimer, which
 subtracts the collectives inside them: that gives the compute time and the pipeline bubble. Both expose
 the same small interface to the trainer: ``train_step``, ``save``, ``load``, ``info``, ``close`` and the
@@ -24,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import SpecError
 from . import checkpoint
 from .model import GPT, count_parameters, lm_loss, pipeline_specs, stage_bounds
 
@@ -33,6 +41,7 @@ class StepResult:
     loss: float
     lr: float
     grad_norm: float | None
+    moe_counts: list[float] | None = None     # this rank's routing vector (telemetry/moe.py), MoE only
 
 
 def _finite_or_none(value) -> float | None:
@@ -71,19 +80,24 @@ class _DeepSpeedBase:
 
 
 class ZeroEngine(_DeepSpeedBase):
-    """pp = 1: data parallel over every rank, ZeRO stage from ds_config."""
+    """pp = 1: data parallel over every rank, ZeRO stage from ds_config; MoE with ep, Ulysses with cp."""
 
-    def __init__(self, spec, ds_config: dict, dataset, busy):
+    def __init__(self, spec, ds_config: dict, dataset, busy, layout=None):
         import deepspeed  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
 
         self.spec, self.dataset = spec, dataset
-        torch.manual_seed(spec.training.seed)
-        model = GPT(spec.model, recompute=_recompute(spec))
-        self.param_count = count_parameters(model)
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.dp_rank, self.dp_ranks, self.stage_id = self.rank, list(range(self.world)), 0
+        cp_size, ep_size = (layout.cp or 1, layout.ep or 1) if layout is not None else (1, 1)
+        self.cp = context_group(cp_size, self.rank, self.world)
+        torch.manual_seed(spec.training.seed)
+        model = GPT(spec.model, recompute=_recompute(spec), cp=self.cp, ep_size=ep_size, seed=spec.training.seed)
+        self.model, self.moe_shape = model, _moe_shape(model)
+        # The whole model's count: this rank holds 1/ep of the routed experts (DeepSpeed's allreduce=False mark)
+        local_experts = sum(p.numel() for p in model.parameters() if getattr(p, "allreduce", True) is False)
+        self.param_count = count_parameters(model) + (ep_size - 1) * local_experts
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+        self.dp_rank, self.dp_ranks, self.stage_id = self.rank // cp_size, list(range(self.world)), 0
         self.device = self.engine.device
         self.micro_batch_size = ds_config["train_micro_batch_size_per_gpu"]
         self.grad_accum = ds_config["gradient_accumulation_steps"]
@@ -91,17 +105,29 @@ class ZeroEngine(_DeepSpeedBase):
         self._backward = busy.wrap(self.engine.backward)
         self._optimizer_step = busy.wrap(self.engine.step)
 
+    def _micro_batch(self, step: int, j: int):
+        """Micro-batch j of this rank's data-parallel group: its chunk of the positions with cp > 1."""
+        from .ulysses import sequence_chunk  # noqa: PLC0415
+
+        tokens, labels = self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size)
+        return sequence_chunk(tokens, self.cp).to(self.device), sequence_chunk(labels, self.cp).to(self.device)
+
     def train_step(self, step: int) -> StepResult:
         lr = self.current_lr()
+        stats = self.model.moe_stats
         losses = []
         for j in range(self.grad_accum):
-            tokens, labels = self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size)
-            loss = self._forward(tokens.to(self.device), labels.to(self.device))
+            loss = self._forward(*self._micro_batch(step, j))
+            if stats is not None:
+                stats.recording = False       # a recomputed forward (recompute) is not a new routing
             self._backward(loss)
+            if stats is not None:
+                stats.recording = True
             self._optimizer_step()
-            losses.append(loss.detach().float())
+            losses.append(self.model.last_lm_loss.detach().float())
         return StepResult(loss=float(torch.stack(losses).mean()), lr=lr,
-                          grad_norm=_finite_or_none(self.engine.get_global_grad_norm()))
+                          grad_norm=_finite_or_none(self.engine.get_global_grad_norm()),
+                          moe_counts=stats.take() if stats is not None else None)
 
     def info(self) -> dict:
         """Parameter counts of this rank: with ZeRO-3 the local shard (``ds_tensor``) of each parameter."""
@@ -202,8 +228,35 @@ def _recompute(spec) -> str:
     return spec.parallelism.recompute or "none"
 
 
-def build_engine(spec, ds_config: dict, dataset, busy):
+def context_group(cp_size: int, rank: int, world: int):
+    """This rank's Ulysses group: ``cp_size`` consecutive ranks (None when cp = 1). Every rank creates
+    every group (torch.distributed.new_group is collective)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from .ulysses import ContextGroup  # noqa: PLC0415
+
+    if cp_size == 1:
+        return None
+    mine = None
+    for first in range(0, world, cp_size):
+        group = dist.new_group(list(range(first, first + cp_size)))
+        if first <= rank < first + cp_size:
+            mine = ContextGroup(group=group, size=cp_size, rank=rank - first)
+    return mine
+
+
+def _moe_shape(model):
+    from ..telemetry.moe import MoEShape  # noqa: PLC0415
+
+    stats = model.moe_stats
+    return None if stats is None else MoEShape(num_layers=stats.num_layers, num_experts=stats.num_experts)
+
+
+def build_engine(spec, ds_config: dict, dataset, busy, layout=None):
     """The DeepSpeed engine for the run dir's layout (pp from ds_config's pipeline section)."""
     if ds_config.get("pipeline", {}).get("stages", 1) > 1:
+        if spec.model.moe is not None or (layout is not None and (layout.cp or 1) > 1):
+            raise SpecError("the reference trainer runs MoE models and context parallelism with pipeline: 1",
+                            path="parallelism.pipeline")
         return PipeEngine(spec, ds_config, dataset, busy)
-    return ZeroEngine(spec, ds_config, dataset, busy)
+    return ZeroEngine(spec, ds_config, dataset, busy, layout)

@@ -288,18 +288,13 @@ class MegatronEngine:
         return Path(ckpt_dir) / checkpoint.tag_for(step) / f"megatron_rank{self.rank:05d}.pt"
 
     def save(self, ckpt_dir: Path, step: int) -> None:
-        import torch.distributed as dist  # noqa: PLC0415
-
         path = self._state_file(ckpt_dir, step)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"model": [m.state_dict() for m in self.model], "optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(), "orch_step": step}, path)
         if getattr(self.optimizer, "save_parameter_state", None) and self.spec.parallelism.zero_stage == 1:
             self.optimizer.save_parameter_state(str(path.with_suffix(".optim_params.pt")))
-        dist.barrier()
-        if self.rank == 0:
-            checkpoint.write_latest(ckpt_dir, step)
-        dist.barrier()
+        checkpoint.publish(ckpt_dir, step, rank=self.rank)
 
     def load(self, ckpt_dir: Path, step: int) -> int:
         path = self._state_file(ckpt_dir, step)

@@ -2,8 +2,14 @@
 
 Pre-norm blocks (norm -> attention -> residual, norm -> MLP -> residual) honouring num_layers,
 hidden_size, num_attention_heads, num_query_groups (GQA), ffn_hidden_size, gated_mlp (SwiGLU),
-normalization (layernorm | rmsnorm), position_embedding (learned | rope), add_bias_linear and
-tie_embeddings. The vocabulary is the spec's vocab_size (no padding: this is not Megatron).
+normalization (layernorm | rmsnorm), position_embedding (learned | rope), add_bias_linear,
+tie_embeddings and kv_channels (a head dimension other than hidden / heads). The vocabulary is the
+spec's vocab_size (no padding: this is not Megatron).
+
+With ``model.moe`` the blocks after the first ``first_dense_layers`` have a Mixture-of-Experts
+feed-forward (moe.py; experts spread over ``ep`` ranks), and the loss adds the routers' load-balancing
+losses. With a :class:`~orchestrator.train.ulysses.ContextGroup` (context parallelism, Ulysses) each rank
+holds a chunk of the positions and attention exchanges it for a share of the heads (ulysses.py).
 
 The same pieces serve both engines of DeepSpeed: :class:`GPT` (one module, pp = 1) and
 :func:`pipeline_specs` (a flat layer list for DeepSpeed's PipelineModule, pp > 1).
@@ -16,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from .ulysses import ContextGroup, heads_to_seq, seq_to_heads
 
 
 def _norm(model_spec) -> nn.Module:
@@ -39,50 +47,72 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-class Attention(nn.Module):
-    """Causal self-attention with grouped KV heads; the core runs in scaled_dot_product_attention."""
+def head_dim(m) -> int:
+    """model.kv_channels when set, else hidden_size / num_attention_heads."""
+    return getattr(m, "kv_channels", None) or m.hidden_size // m.num_attention_heads
 
-    def __init__(self, m, selective_recompute: bool = False):
+
+class Attention(nn.Module):
+    """Causal self-attention with grouped KV heads; the core runs in scaled_dot_product_attention.
+
+    With ``cp`` (Ulysses) the input holds this rank's chunk of the positions; q, k and v go to
+    [all positions, heads / cp] before rotary embedding and the core, and the result comes back."""
+
+    def __init__(self, m, selective_recompute: bool = False, cp: ContextGroup | None = None):
         super().__init__()
         self.num_heads, self.num_groups = m.num_attention_heads, m.num_query_groups
-        self.head_dim = m.hidden_size // m.num_attention_heads
+        self.head_dim = head_dim(m)
         kv_width = self.head_dim * self.num_groups
-        self.q = nn.Linear(m.hidden_size, m.hidden_size, bias=m.add_bias_linear)
+        self.q = nn.Linear(m.hidden_size, self.head_dim * self.num_heads, bias=m.add_bias_linear)
         self.kv = nn.Linear(m.hidden_size, 2 * kv_width, bias=m.add_bias_linear)
-        self.out = nn.Linear(m.hidden_size, m.hidden_size, bias=m.add_bias_linear)
+        self.out = nn.Linear(self.head_dim * self.num_heads, m.hidden_size, bias=m.add_bias_linear)
         self.rope = m.position_embedding == "rope"
         self.selective_recompute = selective_recompute
+        self.cp = cp if cp is not None and cp.size > 1 else None
         if self.rope:
             cos, sin = rope_tables(m.seq_length, self.head_dim)
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                              enable_gqa=self.num_groups != self.num_heads)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+
+    def _to_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Ulysses: [b, s/cp, heads, d] -> [b, s, heads/cp, d] (KV groups not divisible by cp repeated)."""
+        if self.num_groups % self.cp.size:
+            repeat = self.num_heads // self.num_groups
+            k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
+        return seq_to_heads(q, self.cp), seq_to_heads(k, self.cp), seq_to_heads(v, self.cp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q = self.q(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv(x).view(b, s, 2, self.num_groups, self.head_dim).permute(2, 0, 3, 1, 4)
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.num_heads, self.head_dim)
+        k, v = self.kv(x).view(b, s, 2, self.num_groups, self.head_dim).unbind(2)
+        if self.cp is not None:
+            q, k, v = self._to_heads(q, k, v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)       # [b, heads, s, d]
         if self.rope:
             q, k = apply_rope(q, self.cos, self.sin), apply_rope(k, self.cos, self.sin)
         if self.selective_recompute and self.training:
             y = checkpoint(self._core, q, k, v, use_reentrant=False)
         else:
             y = self._core(q, k, v)
-        return self.out(y.transpose(1, 2).reshape(b, s, h))
+        y = y.transpose(1, 2)                                                   # [b, s, heads, d]
+        if self.cp is not None:
+            y = heads_to_seq(y, self.cp)
+        return self.out(y.reshape(b, s, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
-    """GeLU MLP (2 matrices) or SwiGLU (3 matrices: gate and up fused in fc1)."""
+    """GeLU MLP (2 matrices) or SwiGLU (3 matrices: gate and up fused in fc1). The dense model's MLP by
+    default; the MoE experts and the shared expert pass their own ``ffn_hidden_size``."""
 
-    def __init__(self, m):
+    def __init__(self, m, ffn_hidden_size: int | None = None):
         super().__init__()
+        ffn = ffn_hidden_size or m.ffn_hidden_size
         self.gated = m.gated_mlp
-        width = 2 * m.ffn_hidden_size if self.gated else m.ffn_hidden_size
-        self.fc1 = nn.Linear(m.hidden_size, width, bias=m.add_bias_linear)
-        self.fc2 = nn.Linear(m.ffn_hidden_size, m.hidden_size, bias=m.add_bias_linear)
+        self.fc1 = nn.Linear(m.hidden_size, (2 if self.gated else 1) * ffn, bias=m.add_bias_linear)
+        self.fc2 = nn.Linear(ffn, m.hidden_size, bias=m.add_bias_linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.fc1(x)
@@ -95,13 +125,14 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer layer. recompute: "none" | "selective" (attention core) | "full" (the layer)."""
+    """One transformer layer. recompute: "none" | "selective" (attention core) | "full" (the layer).
+    ``mlp``: the feed-forward (default: the dense MLP; an MoE layer for MoE blocks)."""
 
-    def __init__(self, m, recompute: str = "none"):
+    def __init__(self, m, recompute: str = "none", *, mlp: nn.Module | None = None, cp: ContextGroup | None = None):
         super().__init__()
         self.norm1, self.norm2 = _norm(m), _norm(m)
-        self.attn = Attention(m, selective_recompute=recompute == "selective")
-        self.mlp = MLP(m)
+        self.attn = Attention(m, selective_recompute=recompute == "selective", cp=cp)
+        self.mlp = MLP(m) if mlp is None else mlp
         self.full_recompute = recompute == "full"
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,17 +163,18 @@ def logits(embedding: WordEmbedding, x: torch.Tensor) -> torch.Tensor:
 
 
 class PositionEmbedding(nn.Module):
-    """Adds learned absolute positions (a no-op with rope, which rotates inside attention)."""
+    """Adds learned absolute positions (a no-op with rope, which rotates inside attention).
+    ``offset``: the first position of this rank's chunk (context parallelism)."""
 
-    def __init__(self, m):
+    def __init__(self, m, offset: int = 0):
         super().__init__()
-        self.learned = m.position_embedding == "learned"
+        self.learned, self.offset = m.position_embedding == "learned", offset
         if self.learned:
             self.weight = nn.Parameter(torch.empty(m.seq_length, m.hidden_size))
             nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.weight[: x.shape[1]] if self.learned else x
+        return x + self.weight[self.offset: self.offset + x.shape[1]] if self.learned else x
 
 
 class OutputLayer(nn.Module):
@@ -171,25 +203,48 @@ def lm_loss(logits_: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits_.float().reshape(-1, logits_.shape[-1]), labels.reshape(-1))
 
 
+def residual_std(num_layers: int) -> float:
+    return 0.02 / math.sqrt(2 * num_layers)
+
+
 def _init_residual_projections(module: nn.Module, num_layers: int) -> None:
-    """GPT-2 style: scale the projections that write into the residual stream by 1/sqrt(2L)."""
+    """GPT-2 style: scale the projections that write into the residual stream by 1/sqrt(2L). Routed
+    experts (``allreduce = False``, DeepSpeed's mark) are drawn by moe.py, the same for every ep."""
     for name, p in module.named_parameters():
+        if getattr(p, "allreduce", True) is False:
+            continue
         if name.endswith((".out.weight", ".fc2.weight")):
-            nn.init.normal_(p, std=0.02 / math.sqrt(2 * num_layers))
+            nn.init.normal_(p, std=residual_std(num_layers))
         elif name.endswith((".q.weight", ".kv.weight", ".fc1.weight")):
             nn.init.normal_(p, std=0.02)
 
 
 class GPT(nn.Module):
-    """The whole decoder as one module: forward(tokens, labels) -> mean loss."""
+    """The whole decoder as one module: forward(tokens, labels) -> mean loss (LM loss + MoE aux losses).
 
-    def __init__(self, m, recompute: str = "none"):
+    ``cp``: this rank's context-parallel group (tokens and labels are then its chunk of the positions);
+    ``ep_size``: expert-parallel size of the MoE layers; ``seed``: draws the experts (moe.py).
+    ``last_lm_loss`` keeps the last forward's LM loss alone, ``moe_stats`` the routing statistics."""
+
+    def __init__(self, m, recompute: str = "none", *, cp: ContextGroup | None = None, ep_size: int = 1,
+                 seed: int = 0):
         super().__init__()
         self.embed = WordEmbedding(m)
-        self.pos = PositionEmbedding(m)
-        self.blocks = nn.ModuleList(Block(m, recompute) for _ in range(m.num_layers))
+        self.pos = PositionEmbedding(m, offset=cp.rank * (m.seq_length // cp.size) if cp else 0)
+        moe_layers = moe_block_indices(m)
+        self.moe_stats = None
+        if moe_layers:
+            from .moe import MoEStats  # noqa: PLC0415  (imports deepspeed)
+
+            self.moe_stats = MoEStats(len(moe_layers), m.moe.num_experts)
+        self.blocks = nn.ModuleList(
+            Block(m, recompute, cp=cp, mlp=_moe_mlp(m, moe_layers.index(i), ep_size, seed, self.moe_stats)
+                  if i in moe_layers else None)
+            for i in range(m.num_layers))
+        self.moe_layers = [self.blocks[i].mlp for i in moe_layers]
         self.final_norm = FinalNorm(m)
         self.output = None if m.tie_embeddings else OutputLayer(m)
+        self.last_lm_loss: torch.Tensor | None = None
         _init_residual_projections(self, m.num_layers)
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -198,7 +253,25 @@ class GPT(nn.Module):
             x = block(x)
         x = self.final_norm(x)
         out = logits(self.embed, x) if self.output is None else self.output(x)
-        return lm_loss(out, labels)
+        loss = self.last_lm_loss = lm_loss(out, labels)
+        for layer in self.moe_layers:
+            loss = loss + layer.aux_loss
+        return loss
+
+
+def moe_block_indices(m) -> list[int]:
+    """The blocks with an MoE feed-forward: all after model.moe.first_dense_layers (none when dense)."""
+    moe = getattr(m, "moe", None)
+    if moe is None:
+        return []
+    return list(range(moe.first_dense_layers or 0, m.num_layers))
+
+
+def _moe_mlp(m, index: int, ep_size: int, seed: int, stats) -> nn.Module:
+    from .moe import ExpertParallelMoE  # noqa: PLC0415
+
+    return ExpertParallelMoE(m, ep_size=ep_size, layer_index=index, seed=seed,
+                             residual_std=residual_std(m.num_layers), stats=stats)
 
 
 class BlockPipe(Block):

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..telemetry.comm import CommTimer
+from ..telemetry.comm import OPS, CommTimer
 from ..telemetry.metrics import RunConstants
 from ..telemetry.sinks import METRICS_FILE, ConsoleSink, JsonlSink
 from ..telemetry.step import StepTelemetry
 from ..telemetry.timing import BusyTimer
 
 LAYOUT_KEYS = ("tp", "pp", "vpp", "dp", "zero_stage", "micro_batch_size", "sequence_parallel", "recompute",
-               "offload", "first_stage_layers", "last_stage_layers")
+               "offload", "first_stage_layers", "last_stage_layers", "cp", "ep", "etp")
 
 
 def resolved_layout(run_dir):
@@ -47,9 +47,9 @@ class TelemetrySession:
         self.wandb_dir: str | None = None
         self._wandb = None            # WandbSink, False when disabled, None before start_wandb
 
-    def install_comm(self, namespace) -> None:
+    def install_comm(self, namespace, names=OPS) -> None:
         if self.enabled:
-            self.comm.install(namespace)
+            self.comm.install(namespace, names)
 
     def start_wandb(self, run_dir) -> None:
         """Open the W&B run early (rank 0), so that its service starts while the engine initialises."""
@@ -79,4 +79,5 @@ class TelemetrySession:
             if self._wandb:
                 sinks.append(self._wandb)
         return StepTelemetry(run_constants(run_dir, world), rank=self.rank, world_size=world, sinks=sinks,
-                             comm=self.comm, busy=self.busy, device=device, enabled=self.enabled)
+                             comm=self.comm, busy=self.busy, device=device, enabled=self.enabled,
+                             moe=getattr(engine, "moe_shape", None))

@@ -12,7 +12,11 @@ after the same step), save a checkpoint and exit with EXIT_PREEMPTED, which tell
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
+import threading
+import time
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -43,3 +47,23 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+def exit_with_parent(*, poll_s: float = 0.5, grace_s: float = 30.0) -> None:
+    """Under torchrun: when torchrun dies (``kill -9`` of the job's process group does not reach ranks,
+    which torchrun starts in sessions of their own), stop like on SIGTERM — checkpoint after the current
+    step and exit — and SIGKILL this rank if it has not exited ``grace_s`` later (a peer may be gone)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        print(f"[orch-train] rank {os.environ.get('RANK', '?')}: torchrun (pid {parent}) is gone: stopping",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="orch-exit-with-parent", daemon=True).start()

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import OrchError, SpecError
 from . import checkpoint
-from .signals import EXIT_FAILED, EXIT_INJECTED_FAULT, EXIT_OK, EXIT_PREEMPTED, StopRequest
+from .signals import EXIT_FAILED, EXIT_INJECTED_FAULT, EXIT_OK, EXIT_PREEMPTED, StopRequest, exit_with_parent
 
 INFO_FILE = "train_info.json"
 STATUS_FILE = "train_status.json"
@@ -55,6 +55,19 @@ def ensure_process_group_env() -> None:
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
 
 
+_LOCK_FD: int | None = None
+
+
+def hold_run_dir(path: Path) -> None:
+    """Hold the run-dir lock shared for this process's life (see orchestrator.runlock): one job per run
+    dir, and `orch cancel` finds every rank by it, whatever session or process group the rank is in."""
+    global _LOCK_FD  # noqa: PLW0603  (one per process, released by the kernel at exit)
+    from ..runlock import hold_shared  # noqa: PLC0415
+
+    if _LOCK_FD is None:
+        _LOCK_FD = hold_shared(path)
+
+
 def check_world_size(spec) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != spec.world_size:
@@ -74,6 +87,8 @@ def run(options: TrainOptions) -> int:
     from ..rundir import read_run_dir  # noqa: PLC0415
 
     run_dir = read_run_dir(options.run_dir)
+    injected_fault()             # a malformed ORCH_FAULT_* is a usage error now, not a traceback at step N
+    hold_run_dir(run_dir.path)
     if options.engine == "megatron":
         from .megatron_engine import run_megatron  # noqa: PLC0415
 
@@ -94,8 +109,15 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
 
     from .data import build_dataset  # noqa: PLC0415
     from .engine import build_engine  # noqa: PLC0415
-    from .session import TelemetrySession  # noqa: PLC0415
+    from ..telemetry.comm import ALLTOALL  # noqa: PLC0415
+    from .session import TelemetrySession, resolved_layout  # noqa: PLC0415
 
+    if os.environ.get("RANK", "0") == "0" and get_accelerator().device_name() == "cpu":
+        from .ops import build_note  # noqa: PLC0415
+
+        note = build_note()
+        if note:
+            log(note)
     deepspeed.init_distributed(verbose=False)
     rank = dist.get_rank()
     spec = run_dir.spec
@@ -104,8 +126,10 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
     session = TelemetrySession(run_dir, engine_name="deepspeed", rank=rank, enabled=options.telemetry,
                                synchronize=synchronize)
     session.install_comm(ds_comm.cdb)
+    session.install_comm(dist, ALLTOALL)      # the trainer's own all-to-alls (MoE dispatch, Ulysses)
     session.start_wandb(run_dir)
-    engine = build_engine(spec, run_dir.ds_config, build_dataset(spec, run_dir.path), session.busy)
+    engine = build_engine(spec, run_dir.ds_config, build_dataset(spec, run_dir.path), session.busy,
+                          resolved_layout(run_dir))
     session.comm.set_dp_ranks(engine.dp_ranks)
     code = train_loop(run_dir, options, engine, session, rank)
     engine.close()
@@ -114,28 +138,61 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
 
 
 def resume_step(run_dir, options: TrainOptions, engine, rank: int) -> int:
-    """Load the newest checkpoint when resuming; drop metrics records after it. Returns the start step."""
+    """Load the newest intact checkpoint when resuming; drop metrics records after it. Returns the start step."""
     import torch.distributed as dist  # noqa: PLC0415
 
     from ..telemetry.sinks import METRICS_FILE, truncate_metrics  # noqa: PLC0415
 
     ckpt_dir = checkpoint.checkpoint_dir(run_dir.path, run_dir.spec)
-    latest = checkpoint.latest_step(ckpt_dir) if options.resume else None
-    start = engine.load(ckpt_dir, latest) if latest is not None else 0
+    choice = [choose_checkpoint(ckpt_dir) if rank == 0 and options.resume else None]
+    dist.broadcast_object_list(choice, src=0)      # every rank loads the step rank 0 verified
+    start = engine.load(ckpt_dir, choice[0]) if choice[0] is not None else 0
     if rank == 0:
         dropped = truncate_metrics(run_dir.path / METRICS_FILE, start)
-        if latest is not None:
+        if choice[0] is not None:
             log(f"resumed from {ckpt_dir / checkpoint.tag_for(start)} (step {start}); "
                 f"dropped {dropped} metrics record(s) after it")
+        elif dropped:
+            log(f"no usable checkpoint: starting at step 0; dropped {dropped} metrics record(s)")
     dist.barrier()
     return start
+
+
+def choose_checkpoint(ckpt_dir: Path) -> int | None:
+    """Rank 0: the newest intact checkpoint; newer unusable ones are named, renamed aside, and ``latest``
+    is pointed at the one chosen."""
+    choice = checkpoint.resume_choice(ckpt_dir)
+    for step, problem in choice.unusable:
+        log(f"warning: checkpoint {checkpoint.tag_for(step)} is unusable ({problem}); trying an older one")
+    if choice.step is None and choice.unusable:
+        log("warning: no intact checkpoint: starting from step 0")
+    for moved in checkpoint.set_aside(ckpt_dir, [step for step, _ in choice.unusable]):
+        log(f"set aside as {moved}")
+    if choice.step is not None and checkpoint.latest_step(ckpt_dir) != choice.step:
+        checkpoint.write_latest(ckpt_dir, choice.step)
+    return choice.step
+
+
+def injected_fault() -> tuple[int, int] | None:
+    """(step, rank) of ORCH_FAULT_AT_STEP / ORCH_FAULT_RANK, or None; a SpecError naming the variable when
+    either is not a whole number."""
+    at = os.environ.get("ORCH_FAULT_AT_STEP")
+    if not at:
+        return None
+    values = {}
+    for name, default in (("ORCH_FAULT_AT_STEP", None), ("ORCH_FAULT_RANK", "0")):
+        text = os.environ.get(name, default)
+        if not text.strip().isdigit():
+            raise SpecError(f"must be a whole number >= 0, got {text!r}", path=name)
+        values[name] = int(text)
+    return values["ORCH_FAULT_AT_STEP"], values["ORCH_FAULT_RANK"]
 
 
 def fail_if_injected(step: int, rank: int) -> None:
     """Fault injection for testing launchers against a real failing rank: with ORCH_FAULT_AT_STEP=N (and
     ORCH_FAULT_RANK=R, default 0) rank R exits with EXIT_INJECTED_FAULT when it reaches step N."""
     at = os.environ.get("ORCH_FAULT_AT_STEP")
-    if at and int(at) == step and int(os.environ.get("ORCH_FAULT_RANK", "0")) == rank:
+    if injected_fault() == (step, rank):
         print(f"[orch-train] rank {rank}: injected fault at step {step} (ORCH_FAULT_AT_STEP={at}), "
               f"exiting {EXIT_INJECTED_FAULT}", file=sys.stderr, flush=True)
         os._exit(EXIT_INJECTED_FAULT)
@@ -162,7 +219,7 @@ def train_loop(run_dir, options: TrainOptions, engine, session, rank: int) -> in
             telemetry.begin()
             result = engine.train_step(step)
             _, stop_now = telemetry.end(step=step, loss=result.loss, lr=result.lr, grad_norm=result.grad_norm,
-                                        stop_requested=stop.requested is not None)
+                                        stop_requested=stop.requested is not None, moe_counts=result.moe_counts)
             if stop_now or step % interval == 0 or step == last:
                 engine.save(ckpt_dir, step)
                 saved = step
@@ -229,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-telemetry", dest="telemetry", action="store_false",
                         help="no per-step metrics (metrics.jsonl, W&B, progress lines)")
     args = parser.parse_args(argv)
+    exit_with_parent()
     if args.max_steps is not None and args.max_steps < 1:
         parser.error("--max-steps must be >= 1")
     options = TrainOptions(run_dir=args.run_dir, resume=args.resume, max_steps=args.max_steps,

@@ -8,7 +8,6 @@ asked in a subprocess, as the final authority.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import Problem, SpecError
@@ -29,8 +28,10 @@ def detect_kind(path: Path) -> str:
         if "megatron" in name:
             return "megatron_config"
         try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            from ..userfiles import parse_json, read_user_text  # noqa: PLC0415
+
+            data = parse_json(read_user_text(path), str(path), duplicates=[])
+        except SpecError:
             return "ds_config" if "ds" in name or "deepspeed" in name else "spec"
         if isinstance(data, dict) and {"name", "model"} <= data.keys():
             return "spec"

@@ -77,16 +77,38 @@ def deepspeed_installed() -> bool:
         return False
 
 
+# DeepSpeed's answers by (config, dp) while a validate.prefetch.shared_answers() block runs (None: no reuse):
+# a config checked once is not asked again, whichever path it came from or whether prefetch asked it ahead.
+_ANSWERS: dict[tuple[str, int], tuple[str, dict]] | None = None
+
+
+def _key(request: ProbeRequest) -> tuple[str, int]:
+    return json.dumps(request.config, sort_keys=True, default=str), request.data_parallel_size
+
+
 def probe_ds_configs(requests: list[ProbeRequest], *, timeout_s: float = PROBE_TIMEOUT_S) -> list[ProbeResult]:
-    """Ask DeepSpeedConfig about each request in ONE subprocess (one import, one process group)."""
+    """Ask DeepSpeedConfig about each request in ONE subprocess (one import, one process group); configs
+    already answered in this process are not asked again."""
     if not deepspeed_installed():
         raise DeepSpeedUnavailable("deepspeed is not installed: only orch's static ds_config checks ran "
                                    "(install the training stack with: pip install 'orch[train]')")
-    payload = {"requests": [{"config": r.config, "data_parallel_size": r.data_parallel_size, "path": r.path}
-                            for r in requests]}
-    answer = _run_probe(json.dumps(payload), timeout_s)
-    return [ProbeResult([Problem(**p) for p in item["problems"]], item["resolved"], item["warnings"])
-            for item in answer["results"]]
+    answers = {} if _ANSWERS is None else _ANSWERS
+    new = list({_key(r): r for r in requests if _key(r) not in answers}.values())
+    if new:
+        payload = {"requests": [{"config": r.config, "data_parallel_size": r.data_parallel_size, "path": r.path}
+                                for r in new]}
+        for request, item in zip(new, _run_probe(json.dumps(payload), timeout_s)["results"]):
+            answers[_key(request)] = (request.path, item)
+    return [_result(*answers[_key(r)], r.path) for r in requests]
+
+
+def _result(asked_path: str, item: dict, path: str) -> ProbeResult:
+    """An answer for ``path`` (problems name the path they were asked for: rename it)."""
+    def renamed(text: str) -> str:
+        return path + text[len(asked_path):] if text.startswith(asked_path) else text
+
+    problems = [Problem(**{**p, "path": renamed(p["path"])}) for p in item["problems"]]
+    return ProbeResult(problems, item["resolved"], item["warnings"])
 
 
 def _probe_env() -> dict[str, str]:

@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import pathlib
 import warnings
 from typing import Any
 
-from ..errors import Problem
+from ..errors import Problem, SpecError
 from ..typed import article, describe_value, did_you_mean
 from . import _deepspeed_keys_data as KEYS
+from .deepspeed_values import check_finite, check_optimizer_values
 from ._ds_probe import (DeepSpeedProbeError, DeepSpeedUnavailable, ProbeRequest, ProbeResult,  # noqa: F401
                         deepspeed_installed, probe_ds_configs)
 
@@ -75,6 +75,7 @@ def check_ds_config(config: dict, *, world_size: int | None = None, model_parall
     problems += check_value_types(config, path) + check_auto_leftovers(config, path)
     problems += check_precision(config, path) + check_zero(config, path) + check_pipeline(config, path)
     problems += check_optimizer(config, path) + check_scheduler(config, path)
+    problems += check_finite(config, path) + check_optimizer_values(config, path)   # deepspeed_values.py
     problems += check_batch(config, world_size=world_size, model_parallel_size=model_parallel_size, path=path)
     return problems
 
@@ -358,9 +359,9 @@ def _section_type(section: dict, label: str, name: Any, path: str, known_ok: boo
 
 def check_batch(config: dict, *, world_size: int | None, model_parallel_size: int = 1,
                 path: str = "ds_config.json") -> list[Problem]:
-    """The three batch keys agree with each other and with dp = world_size / model_parallel_size (and
-    / sequence_parallel_size: DeepSpeed-Ulysses ranks share a batch, as DeepSpeedConfig divides them out)."""
-    problems, dp = _data_parallel_size(world_size, with_ulysses(config, model_parallel_size), path)
+    """The three batch keys agree with each other and with dp = world_size / model_parallel_size (and / the
+    config's sequence_parallel_size, the Ulysses degree, as DeepSpeed's own batch check divides)."""
+    problems, dp = _data_parallel_size(world_size, model_parallel_size * _sequence_parallel_size(config), path)
     values: dict[str, int] = {}
     for key in BATCH_KEYS:
         value = config.get(key)
@@ -374,16 +375,23 @@ def check_batch(config: dict, *, world_size: int | None, model_parallel_size: in
             values[key] = value
     if problems or any(_is_auto(config.get(k)) for k in BATCH_KEYS):
         return problems
-    return _batch_rule(values, dp, path)
+    problems = _batch_rule(values, dp, path)
+    if problems and dp is not None and model_parallel_size == 1 and world_size > 1:
+        problems = [_with_model_parallel_hint(p, world_size) for p in problems]
+    return problems
 
 
-def with_ulysses(config: dict, model_parallel_size: int) -> int:
-    """The ranks that share one data-parallel batch: tp * pp, times the Ulysses degree when the config
-    sets ``sequence_parallel_size`` (DeepSpeedConfig divides the world by it)."""
-    ulysses = config.get("sequence_parallel_size")
-    if _is_whole(ulysses) and not isinstance(ulysses, (bool, float)) and ulysses > 1:
-        return model_parallel_size * ulysses
-    return model_parallel_size
+def _with_model_parallel_hint(problem: Problem, world_size: int) -> Problem:
+    """A batch mismatch checked with dp = world size: say that tensor/pipeline ranks change dp."""
+    extra = (f"dp({world_size}) assumes every GPU is data parallel; if the run uses tensor or pipeline "
+             f"parallelism, pass --model-parallel-size (tp * pp), e.g. tp 2 gives dp = {world_size} / 2")
+    return Problem(problem.path, problem.message, f"{problem.hint}; {extra}" if problem.hint else extra)
+
+
+def _sequence_parallel_size(config: dict) -> int:
+    """DeepSpeed-Ulysses' degree when the config gives a whole one (other values are reported elsewhere)."""
+    value = config.get("sequence_parallel_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 def _data_parallel_size(world_size: int | None, model_parallel_size: int,
@@ -461,7 +469,7 @@ def check_ds_config_with_deepspeed(config: dict, *, world_size: int, model_paral
     """
     if world_size is None:
         raise TypeError("check_ds_config_with_deepspeed needs a world_size (validate_ds_config_file infers one)")
-    problems, dp = _data_parallel_size(world_size, with_ulysses(config, model_parallel_size), path)
+    problems, dp = _data_parallel_size(world_size, model_parallel_size * _sequence_parallel_size(config), path)
     if problems:
         return problems
     return probe_ds_configs([ProbeRequest(config, dp, path)])[0].problems
@@ -476,22 +484,15 @@ def _implied_world_size(config: dict, model_parallel_size: int) -> int:
 
 
 def load_ds_config_text(text: str, path: str) -> tuple[Any, list[Problem]]:
-    """Parse JSON; bad JSON and duplicate keys (DeepSpeed's own loader refuses those) become problems."""
+    """Parse JSON (within orchestrator.userfiles' limits); bad JSON and duplicate keys (DeepSpeed's own
+    loader refuses those) become problems."""
+    from ..userfiles import parse_json  # noqa: PLC0415
+
     duplicates: list[str] = []
-
-    def pairs(items: list[tuple[str, Any]]) -> dict:
-        seen: dict[str, Any] = {}
-        for key, value in items:
-            if key in seen:
-                duplicates.append(key)
-            seen[key] = value
-        return seen
-
     try:
-        data = json.loads(text, object_pairs_hook=pairs)
-    except json.JSONDecodeError as error:
-        return None, [Problem(f"{path}:{error.lineno}:{error.colno}", f"not valid JSON: {error.msg}",
-                              "fix the JSON syntax at that line and column")]
+        data = parse_json(text, path, duplicates=duplicates)
+    except SpecError as error:
+        return None, error.problems
     return data, [Problem(path, f"duplicate key '{key}': json keeps the last value, DeepSpeed's loader refuses "
                           "the file", "keep one of them") for key in duplicates]
 
@@ -506,12 +507,14 @@ def validate_ds_config_file(path: str | os.PathLike, *, world_size: int | None, 
     when a list is given, else the skip is warned as :class:`DeepSpeedCheckSkipped`.
     """
     where = str(path)
+    from ..userfiles import read_user_text  # noqa: PLC0415
+
     try:
-        text = pathlib.Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        return [Problem(where, f"cannot read the file: {error}", "check the path and that it is UTF-8 text")]
+        text = read_user_text(path)
+    except SpecError as error:
+        return error.problems
     config, problems = load_ds_config_text(text, where)
-    if config is None or problems:
+    if problems:
         return problems
     problems = check_ds_config(config, world_size=world_size, model_parallel_size=model_parallel_size, path=where)
     if problems or not deep:
@@ -521,7 +524,7 @@ def validate_ds_config_file(path: str | os.PathLike, *, world_size: int | None, 
 
 def _deep_check(config: dict, world_size: int | None, model_parallel_size: int, path: str,
                 notes: list[str] | None) -> list[Problem]:
-    model_parallel_size = with_ulysses(config, model_parallel_size)
+    model_parallel_size *= _sequence_parallel_size(config)   # Ulysses ranks share the data-parallel batch
     target = world_size if world_size is not None else _implied_world_size(config, model_parallel_size)
     try:
         result = probe_ds_configs([ProbeRequest(config, target // model_parallel_size, path)])[0]

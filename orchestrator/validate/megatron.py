@@ -541,6 +541,8 @@ def validate_megatron_config_file(path: str | Path, *, deep: bool = True) -> lis
         return [Problem(str(path), f"cannot read: {e.__class__.__name__}", "check the path")]
     except json.JSONDecodeError as e:
         return [Problem(f"{path}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}", "fix the JSON syntax")]
+    except (RecursionError, ValueError) as e:     # nesting too deep, an integer over Python's digit limit
+        return [Problem(str(path), f"invalid JSON: {e.__class__.__name__}: {str(e)[:120]}", "fix the JSON")]
     return check_megatron_config(config, path=str(path), deep=deep)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -70,9 +71,22 @@ def check_transformer_configs(configs: list[dict], *, paths: list[str] | None = 
     from .megatron_lm import run_child  # noqa: PLC0415
 
     paths = paths or ["megatron_config.json"] * len(configs)
-    requests = [{"mode": "core-config", "config": c, "object_fields": list(OBJECT_FIELDS)} for c in configs]
-    results = run_child({"mode": "batch", "requests": requests})["results"]
+    verdicts = {} if _VERDICTS is None else _VERDICTS
+    new = {_key(c): c for c in configs if _key(c) not in verdicts}
+    if new:
+        requests = [{"mode": "core-config", "config": c, "object_fields": list(OBJECT_FIELDS)} for c in new.values()]
+        verdicts.update(zip(new, run_child({"mode": "batch", "requests": requests})["results"]))
+    results = [verdicts[_key(c)] for c in configs]
     return [[] if r["ok"] else [_problem(r["error"], path)] for r, path in zip(results, paths)]
+
+
+# TransformerConfig's verdicts by config while a validate.prefetch.shared_answers() block runs (None: no
+# reuse): a run dir's megatron_args.txt and megatron_config.json describe one config, asked about once.
+_VERDICTS: dict[str, dict] | None = None
+
+
+def _key(config: dict) -> str:
+    return json.dumps(config, sort_keys=True, default=str)
 
 
 def _problem(err: dict, path: str) -> Problem:

@@ -34,7 +34,8 @@ from ..render.megatron import MEGATRON_LM_TAG
 ENV_VAR = "ORCH_MEGATRON_LM"
 TAG = MEGATRON_LM_TAG
 HOW_TO_ENABLE = (f"set {ENV_VAR} to a tree holding Megatron-LM {TAG}'s megatron/ folder "
-                 f"(tests/tools/prepare_megatron_lm.sh DEST, then export {ENV_VAR}=DEST)")
+                 f"(in a checkout: make megatron-lm MEGATRON_LM_GIT=CLONE, or tests/tools/prepare_megatron_lm.sh "
+                 f"DEST; then export {ENV_VAR}=DEST)")
 TIMEOUT_S = 180
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,19 +1,18 @@
 """Cross-checks of a run dir: files intact (manifest hashes) and agreeing with each other and the plan."""
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 
 from ..errors import Problem, SpecError
-from ..rundir import MANIFEST, RunDir, read_run_dir
+from ..rundir import RunDir, manifest_problems, read_run_dir
 
 
 def validate_run_dir(path: Path, *, deep: bool = True, notes: list[str] | None = None) -> list[Problem]:
     try:
         run = read_run_dir(path)
     except SpecError as e:
-        return [Problem(f"{path}/{p.path}" if p.path != str(path) else p.path, p.message, p.hint)
+        return [Problem(p.path if p.path.startswith(str(path)) else f"{path}/{p.path}", p.message, p.hint)
                 for p in e.problems]
     problems = check_manifest(run)
     problems += check_plan_agrees(run)
@@ -22,23 +21,8 @@ def validate_run_dir(path: Path, *, deep: bool = True, notes: list[str] | None =
 
 
 def check_manifest(run: RunDir) -> list[Problem]:
-    """Every file listed in manifest.json exists with the recorded sha256; the spec hash matches."""
-    from ..spec import spec_sha256  # noqa: PLC0415
-
-    problems = []
-    for name, digest in sorted(run.manifest.get("files", {}).items()):
-        file = run.path / name
-        if not file.is_file():
-            problems.append(Problem(f"{run.path}/{name}", "listed in manifest.json but missing",
-                                    "re-run `orch generate --force`"))
-        elif hashlib.sha256(file.read_bytes()).hexdigest() != digest:
-            problems.append(Problem(f"{run.path}/{name}", "changed since `orch generate` (sha256 differs "
-                                    "from manifest.json)", "change the spec and re-generate instead of "
-                                    "editing generated files"))
-    if run.manifest.get("spec_sha256") != spec_sha256(run.spec):
-        problems.append(Problem(f"{run.path}/{MANIFEST}", "spec_sha256 does not match spec.resolved.yaml",
-                                "re-run `orch generate --force`"))
-    return problems
+    """Every generated file listed in manifest.json with the recorded sha256; the spec hash matches."""
+    return manifest_problems(run)
 
 
 def check_plan_agrees(run: RunDir) -> list[Problem]:

@@ -63,7 +63,7 @@ def test_wait_streams_one_line_per_step_and_completes(run_dir):
 
 def test_failing_rank_fails_the_launch_with_its_rank_and_log(run_dir):
     result = orch("launch", run_dir, "--wait", env=job_env(ORCH_FAULT_AT_STEP="3", ORCH_FAULT_RANK="1"))
-    assert result.returncode != 0
+    assert result.returncode == 3      # the rank's own exit code (EXIT_INJECTED_FAULT), not torchrun's 1
     assert "rank 1" in result.stderr and "injected fault at step 3" in result.stderr
     status = orch("status", run_dir, "--json")
     assert status.returncode == 1 and json.loads(status.stdout)["state"] == "FAILED"

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 
 import pytest
 
 from orchestrator.train import checkpoint
 from orchestrator.train.signals import EXIT_PREEMPTED
-from tests.integration.train_support import (kill_job, load_metrics, make_run_dir, start_train, train,
-                                             wait_for_records)
+from tests.conftest import ROOT
+from tests.integration.train_support import (job_env, kill_job, load_metrics, make_run_dir, start_train,
+                                             torchrun_argv, train, wait_for_records)
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("deepspeed")
@@ -81,3 +83,32 @@ def _wait_resumed(job, run_dir, saved: int) -> None:
     wait_for_records(job, run_dir / "metrics.jsonl", saved + 2)
     steps = [r["step"] for r in load_metrics(run_dir)]
     assert steps[: saved + 1] == list(range(1, saved + 2)), "records after the checkpoint were not dropped"
+
+
+def test_fault_plus_corrupt_newest_checkpoint_plus_garbage_metrics_resumes_exactly_once(tmp_path):
+    """A rank fails after the step-4 checkpoint; then the newest checkpoint's shard is truncated and
+    garbage (non-UTF-8 bytes, non-object JSON, a torn line) is appended to metrics.jsonl. The relaunch
+    sets step 4 aside, resumes from step 2, and the file ends with every step exactly once."""
+    spec = {**SPEC, "training.train_iters": 6, "training.checkpoint.interval": 2}
+    run_dir = make_run_dir(tmp_path / "run", **spec)
+    ckpt = checkpoint.checkpoint_dir(run_dir, _spec(run_dir))
+    failed = subprocess.run(torchrun_argv(2, "orchestrator.train", str(run_dir)), cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env=job_env(ORCH_FAULT_AT_STEP="5", ORCH_FAULT_RANK="1"))
+    assert failed.returncode != 0 and "injected fault at step 5" in failed.stderr, failed.stderr[-3000:]
+    first = {r["step"]: r["loss"] for r in load_metrics(run_dir)}
+    assert sorted(first) == list(range(1, 5)) and checkpoint.saved_steps(ckpt) == [4, 2]
+    assert checkpoint.step_problem(ckpt, 4) is None                     # verified when written
+
+    shard = sorted((ckpt / "global_step4").glob("*optim_states.pt"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # a truncated shard
+    with open(run_dir / "metrics.jsonl", "ab") as f:
+        f.write(b'\xff\xfe\x00garbage\n[1, 2, 3]\n"step"\n{"step": 3, "loss": 0.0}\n{"step": 12, "lo')
+
+    proc = train(run_dir)
+    assert "global_step4 is unusable" in proc.stderr and "(step 2); dropped" in proc.stderr, proc.stderr[-3000:]
+    records = load_metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 7))
+    for step in range(1, 3):                                            # what the kept checkpoint covers
+        assert records[step - 1]["loss"] == first[step]
+    assert checkpoint.resume_choice(ckpt).step == 6 and checkpoint.latest_step(ckpt) == 6
+    assert [p.name.split(".")[0] for p in ckpt.glob("global_step4.unusable-*")] == ["global_step4"]

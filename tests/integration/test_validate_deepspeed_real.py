@@ -184,3 +184,38 @@ def test_validate_file_end_to_end(tmp_path):
     assert notes == []
     assert validate_ds_config_file(path, world_size=None, notes=notes) == []
     assert "world size 64" in notes[0]
+
+
+def test_validating_several_run_dirs_asks_each_library_once_and_says_what_it_does(tmp_path, monkeypatch, capsys):
+    """`orch validate RUN_DIR...`: one DeepSpeed and one Megatron-Core subprocess for all paths (before: one
+    DeepSpeed probe per run dir and two Megatron-Core ones, for its args and its config), with progress."""
+    from orchestrator.cli import main
+    from orchestrator.plan import build_plan
+    from orchestrator.rundir import write_run_dir
+    from orchestrator.spec import parse_spec
+    from orchestrator.validate import _ds_probe, megatron_lm
+    from tests.conftest import spec_data
+
+    runs = [write_run_dir(build_plan(parse_spec(spec_data(**{"parallelism.zero_stage": z}))), tmp_path / f"z{z}")
+            for z in (1, 2, 3)]
+    calls = {"deepspeed": 0, "megatron": 0}
+    real_probe, real_child = _ds_probe._run_probe, megatron_lm.run_child
+
+    def probe(*args, **kw):
+        calls["deepspeed"] += 1
+        return real_probe(*args, **kw)
+
+    def child(request, *args, **kw):
+        calls["megatron"] += request.get("mode") == "batch"
+        return real_child(request, *args, **kw)
+
+    monkeypatch.setattr(_ds_probe, "_run_probe", probe)
+    monkeypatch.setattr(megatron_lm, "run_child", child)
+    with pytest.raises(SystemExit) as info:
+        main(["validate", *map(str, runs)])
+    err = capsys.readouterr().err
+    assert info.value.code == 0, err
+    assert calls["deepspeed"] == 1
+    assert calls["megatron"] <= 1          # 0 when megatron-core is not installed
+    assert "asking DeepSpeed's and Megatron-Core's own config classes about 3 paths" in err
+    assert f"[3/3] checking {runs[2]}" in err

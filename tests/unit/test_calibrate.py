@@ -182,3 +182,44 @@ def test_reduction_time_counts_passes():
     one = reduction_time_s(spec, dataclasses.replace(lay, zero_stage=1), CostModel())
     assert reduction_time_s(spec, lay, CostModel()) == pytest.approx(2 * one, rel=0.05)
     assert reduction_time_s(spec, dataclasses.replace(lay, zero_stage=2), CostModel()) == pytest.approx(2 * one, rel=0.05)  # m=2
+
+
+def test_one_run_fits_fewer_terms_than_it_measured_and_warns(runs, tmp_path, capsys):
+    one = calibrate([str(runs["z2-mb2"])])      # measures compute, reduction and step time: 3 values
+    assert set(one.fitted) == {"matmul_efficiency", "attention_efficiency", "intra_node_efficiency"}
+    assert any(w.startswith("dp_overlap not fitted") for w in one.warnings)
+    code, _, err = run_cli(["calibrate", str(runs["z2-mb2"]), "-o", str(tmp_path / "c.json")], capsys)
+    assert code == 0 and "warning: dp_overlap not fitted (kept the default)" in err
+    assert json.loads((tmp_path / "c.json").read_text())["fit"]["warnings"] == one.warnings
+
+
+def test_a_term_at_the_edge_of_its_range_is_not_fitted(tmp_path, capsys):
+    def slow_reduction(path, overrides):   # reductions 10^6 x slower than any bandwidth in range explains
+        t = truth(overrides)
+        records = [record(s, t["step_time_s"], compute_s=t["compute_s"], allreduce_s=1e6 * t["dp_reduction_s"])
+                   for s in range(1, 7)]
+        return make_run_dir(path, records, **overrides)
+
+    paths = [slow_reduction(tmp_path / n, LAYOUTS[n]) for n in ("z1-mb1", "z2-mb2", "z0-mb4")]
+    cal = calibrate([str(p) for p in paths])
+    assert "intra_node_efficiency" not in cal.fitted
+    assert any(w.startswith("intra_node_efficiency not fitted (kept the default): the fit ran to the edge")
+               for w in cal.warnings)
+
+
+def test_calibrated_plan_prints_no_zero_rate(runs, tmp_path, capsys):
+    path = write_calibration(calibrate([str(p) for p in runs.values()]), tmp_path / "calib.json")
+    code, out, err = run_cli(["plan", str(EXAMPLES / "tiny-gpt-cpu.yaml"), "--calibration", str(path), "--wide"],
+                             capsys)
+    assert code == 0, err
+    network = next(line for line in out.splitlines() if line.startswith("- network:"))
+    assert " 0 GB/s" not in network and "TP " not in network     # tp = 1: no TP figure, and no rate reads 0
+    assert "GB/s" in network or "inside one node" in network
+
+
+def test_cli_tables_fit_80_columns(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(["calibrate", *map(str, runs.values()), "-o", str(tmp_path / "c.json")], capsys)
+    assert code == 0, err
+    assert max(len(line) for line in out.splitlines()) <= 80 and "\x1b[" not in out
+    assert "matmul_efficiency" in out and "typical error" in out

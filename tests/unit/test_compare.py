@@ -126,8 +126,20 @@ def test_winner_criteria_for_other_models_and_world_sizes(tmp_path):
     wide = make_run_dir(tmp_path / "w", steady(5, 0.1), **{"model.hidden_size": 256})
     big = make_run_dir(tmp_path / "n", steady(5, 0.1), **{"cluster.gpus_per_node": 4,
                                                           "training.global_batch_size": 16})
-    assert cmp.compare([str(a), str(wide)]).winner["criterion"] == "tflops_per_gpu"
     assert cmp.compare([str(a), str(big)]).winner["criterion"] == "tokens_per_s_per_gpu"
+    winner = cmp.compare([str(a), str(wide)]).winner     # different models: their rates measure different work
+    assert (winner["label"], winner["criterion"], winner["speedup"]) == (None, None, None)
+    assert winner["models_differ"] == ["model.ffn_hidden_size", "model.hidden_size"]   # ffn derives from hidden
+    assert winner["explanation"].startswith("no winner: the runs train different models (model.ffn_hidden_size, "
+                                            "model.hidden_size differ)")
+
+
+def test_cli_says_the_models_differ_and_names_no_winner(tmp_path, capsys):
+    a = make_run_dir(tmp_path / "a", steady(5, 0.1))
+    wide = make_run_dir(tmp_path / "w", steady(5, 0.05), **{"model.hidden_size": 256})
+    code, out, err = run_cli(["compare", str(a), str(wide)], capsys)
+    assert code == 0, err
+    assert "winner: no winner: the runs train different models" in out and " wins" not in out
 
 
 def test_json_shape(two_runs):
@@ -138,7 +150,9 @@ def test_json_shape(two_runs):
                         "predicted", "error_pct", "breakdown", "series"}
     assert run["steps"] == {"recorded": 8, "first": 1, "last": 8, "warmup": 3, "measured": 5}
     assert set(run["measured"]) == set(cmp.PREDICTED_KEYS) | {"step_time_p90_s"}
-    assert set(run["error_pct"]) == set(cmp.PREDICTED_KEYS) and set(run["predicted"]) == set(cmp.PREDICTED_KEYS)
+    assert set(run["error_pct"]) == set(cmp.PREDICTED_KEYS)
+    assert set(run["predicted"]) == set(cmp.PREDICTED_KEYS) - set(cmp.OPTIONAL_MEDIAN_KEYS)   # a dense run
+    assert all(run["measured"][k] is None for k in cmp.OPTIONAL_MEDIAN_KEYS)
     assert set(run["breakdown"]["measured"]) == set(cmp.COMPONENTS)
     assert run["series"]["step"] == list(range(1, 9))
     assert json.loads(json.dumps(data)) == data
@@ -262,6 +276,27 @@ def test_cli_tables(two_runs, capsys):
     for text in ("what differs", "layout.zero_stage", "training.train_iters", "measured", "predicted (plan.json) vs "
                  "measured", "breakdown: compute s", "warm-up: the first 3 steps", "winner: tp1-pp1-dp2-z2-mb2 wins"):
         assert text in out
+
+
+def test_cli_shows_one_exposed_communication_figure_per_run(tmp_path, capsys):
+    # the median of comm_exposed_s (0.0217) and the breakdown's mean (pulled up by one step) differ
+    records = [record(s, 0.1, exposed_s=0.0217) for s in range(1, 9)]
+    records[-1] = record(8, 0.1, exposed_s=0.0917)
+    run = make_run_dir(tmp_path / "a", records)
+    result = cmp.compare([str(run)])
+    median_s, mean_s = result.runs[0].measured["comm_exposed_s"], result.runs[0].breakdown_measured["exposed_comm_s"]
+    assert f"{median_s:.4g}" != f"{mean_s:.4g}"
+    code, out, _ = run_cli(["compare", str(run), "--wide"], capsys)
+    assert code == 0
+    assert f"{mean_s:.4g}" in out and f"{median_s:.4g}" not in out
+
+
+def test_warmup_help_matches_what_it_does(tmp_path, capsys):
+    run = make_run_dir(tmp_path / "a", steady(40, 0.1))
+    code, out, _ = run_cli(["compare", str(run), "--warmup", "100"], capsys)
+    assert code == 0 and "steps measured: tp1-pp1-dp2-z2-mb2 1 of 40" in " ".join(out.split())
+    code, out, _ = run_cli(["compare", "--help"], capsys)
+    assert code == 0 and "at most half" not in out and "up to all but the last step" in " ".join(out.split())
 
 
 def test_cli_json_is_the_library_result(two_runs, capsys):

@@ -116,7 +116,7 @@ def test_script_is_valid_bash_and_holds_no_secret(tmp_path, monkeypatch):
 def test_tp_env_reaches_the_remote_command(tmp_path):
     run = make_run(tmp_path, **{"cluster.gpu": "h100-sxm", "cluster.gpus_per_node": 2, "parallelism.tensor": 2,
                                 "parallelism.zero_stage": 1, "training.precision": "bf16"})
-    assert "remote_env=CUDA_DEVICE_MAX_CONNECTIONS=1\n" in (run / "launch_pdsh.sh").read_text()
+    assert "remote_env='CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONSAFEPATH=1'\n" in (run / "launch_pdsh.sh").read_text()
 
 
 # --- build, tools, hosts -------------------------------------------------------------------------------
@@ -127,18 +127,21 @@ def test_build_runs_the_script_under_the_supervisor(tmp_path):
     assert plan.argv == [sys.executable, "-m", "orchestrator.launch.supervise", "--run-id", "r1",
                          "--hosts", "orch-n1,orch-n2", "--ssh-port", "2222", "--fanout", "1024",
                          "--result", "logs/pdsh_result.json", "--", "bash", "launch_pdsh.sh"]
-    assert plan.env == {"ORCH_PYTHON": sys.executable, "ORCH_PDSH_RUN_ID": "r1"}
+    assert plan.env == {"ORCH_PYTHON": sys.executable, "ORCH_PDSH_RUN_ID": "r1", "PYTHONSAFEPATH": "1"}
     assert (run.path / "launch_pdsh.sh").read_text().rstrip() in plan.describe()
     assert "picks MASTER_PORT free on orch-n1" in plan.describe()
 
 
 @pytest.mark.parametrize("hosts, message", [(["orch-n1", "orch-n1"], "orch-n1 listed more than once"),
-                                            (["orch-n1"], r"1 host\(s\) for num_nodes\(2\)")])
+                                            (["orch-n1"], r"1 host\(s\) listed \(orch-n1\) for cluster.num_nodes\(2\)"),
+                                            ([], r"no hosts listed, so pdsh would use only localhost")])
 def test_hosts_must_be_one_distinct_host_per_node(tmp_path, hosts, message):
     data = spec_data(**{**HOSTS, "launch.pdsh.hosts": hosts})
     run = write_run_dir(fixed_plan(data), tmp_path / "run")
-    with pytest.raises(SpecError, match=message):
+    with pytest.raises(SpecError, match=message) as info:
         pdsh.build(read_run_dir(run))
+    assert "listed more than once" in message or \
+        "list exactly 2 host names under launch.pdsh.hosts" in info.value.problems[0].hint
 
 
 def test_missing_tools_say_what_to_install(monkeypatch):

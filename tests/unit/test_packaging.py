@@ -54,3 +54,49 @@ def test_fast_paths_import_no_training_stack(tmp_path):
             "    except SystemExit as e: assert e.code == 0, (argv, e.code)")
     loaded = _modules_after(code)
     assert not [m for m in loaded if m.split(".")[0] in HEAVY]
+
+
+def test_makefile_finds_a_python_of_at_least_3_10(tmp_path):
+    """Not a hard-coded python3.11: the first interpreter >= 3.10 on PATH (here a too-old python3.11 is
+    skipped for python3.12), and a clear message when there is none."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    old = bin_dir / "python3.11"
+    old.write_text("#!/bin/sh\nexit 1\n")           # fails the version check, as a Python 3.9 would
+    old.chmod(0o755)
+    (bin_dir / "python3.12").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env.pop("PYTHON", None)
+    proc = subprocess.run(["make", "-n", "-B", "venv", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"python3.12 -m venv {tmp_path / 'venv'}" in proc.stdout
+    none = subprocess.run(["make", "-B", "venv", "PYTHON=", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert none.returncode != 0 and "make PYTHON=/path/to/python3.x" in none.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+def test_readme_command_table_lists_every_command_and_option():
+    """The README's command table names every `orch` command and each of its options; no --help points at a
+    file the repository does not have."""
+    import re
+
+    import click
+
+    from orchestrator.cli import COMMANDS, cli
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| command | does | exit |"):readme.index("Every command has `--help`.")]
+    ctx = click.Context(cli)
+    for name in COMMANDS:
+        command = cli.get_command(ctx, name)
+        assert f"`orch {name}" in table, f"README command table: add orch {name}"
+        for param in [p for p in command.params if isinstance(p, click.Option) and p.name != "help"]:
+            assert any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", table) for o in param.opts), \
+                f"README command table: add orch {name} {param.opts[-1]}"
+        help_text = command.get_help(click.Context(command, info_name=name))
+        for ref in re.findall(r"\b[A-Z][A-Za-z_-]*\.md\b", help_text):
+            assert (ROOT / ref).exists(), f"orch {name} --help points at {ref}, which the repository lacks"

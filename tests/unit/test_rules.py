@@ -47,7 +47,7 @@ CASES = [
     ({**BIG, "model.num_query_groups": 5}, "model.num_query_groups", "num_attention_heads(32) % num_query_groups(5)"),
     ({"training.precision": "fp16"}, "training.precision", "fp16 does not run on CPU"),
     ({"data.synthetic": False}, "data.path", "no data.path"),
-    ({"launch.backend": "pdsh", "launch.pdsh.hosts": ["a", "b"]}, "launch.pdsh.hosts", "2 host(s) for num_nodes(1)"),
+    ({"launch.backend": "pdsh", "launch.pdsh.hosts": ["a", "b"]}, "launch.pdsh.hosts", "2 host(s) listed (a, b) for cluster.num_nodes(1)"),
     ({"launch.pdsh.hosts": ["-oProxyCommand=x"]}, "launch.pdsh.hosts[0]", "not a host name"),
     ({**BIG, "parallelism.pipeline": 64, "cluster.num_nodes": 8, "model.num_layers": 36}, "parallelism.pipeline",
      "pp(64) > num_layers(36)"),
@@ -139,3 +139,14 @@ def test_open_fields_are_a_clear_error_for_fixed_only_callers():
     with pytest.raises(SpecError) as info:
         require_complete(spec)
     assert {p.path for p in info.value.problems} == {"parallelism.zero_stage", "parallelism.recompute"}
+
+
+def test_batch_hint_names_two_different_multiples_or_one():
+    from orchestrator.errors import SpecError
+    from orchestrator.spec import parse_spec
+
+    for batch, hint in ((8, "e.g. 32"), (40, "e.g. 32 or 64")):     # before: "e.g. 32 or 32" for 8
+        data = spec_data(**{"cluster.num_nodes": 8, "training.global_batch_size": batch})
+        with pytest.raises(SpecError) as info:
+            parse_spec(data)
+        assert any(p.hint.endswith(hint) for p in info.value.problems), info.value.problems

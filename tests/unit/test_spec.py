@@ -133,3 +133,17 @@ def test_layout_records_engine_and_host_share():
     chosen = build_plan(spec).chosen
     assert chosen["engine"] == "deepspeed"
     assert chosen["memory"]["host_capacity_bytes"] == 3 * 2**30   # 6 GiB per node over 2 processes
+
+
+def test_type_errors_do_not_hide_the_rule_problems_of_the_fields_that_parsed():
+    data = spec_data(**{"model.hidden_size": "big", "training.train_iters": "ten", "parallelism.tensor": 2,
+                        "parallelism.pipeline": 3, "parallelism.zero_stage": "two"})
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    found = [(p.path, p.message) for p in info.value.problems]
+    paths = [path for path, _ in found]
+    assert {"model.hidden_size", "training.train_iters", "parallelism.zero_stage"} <= set(paths)
+    assert any(path == "parallelism.pipeline" and m.startswith("world_size(2) % (tp(2) * pp(3) = 6) = 2")
+               for path, m in found)                                        # a rule problem, reported at once
+    assert not any("hidden_size" in m or "train_iters" in m for path, m in found
+                   if path not in ("model.hidden_size", "training.train_iters"))   # nothing about stand-ins

@@ -231,21 +231,24 @@ def test_batch_mismatch_at_world_size_64_shows_every_operand():
     assert p.path == f"{F}:train_batch_size"
     assert p.message == ("train_batch_size(100) != train_micro_batch_size_per_gpu(1) * "
                          "gradient_accumulation_steps(2) * dp(64) = 128")
-    assert p.hint == "set train_batch_size = 128"
+    assert p.hint.startswith("set train_batch_size = 128; dp(64) assumes every GPU is data parallel")
+    assert "pass --model-parallel-size (tp * pp)" in p.hint      # the run may use tp/pp: dp is then smaller
 
 
 def test_batch_mismatch_hint_offers_each_whole_fix():
     p = only(check_batch(batch(train_batch_size=256, train_micro_batch_size_per_gpu=1,
                                gradient_accumulation_steps=2), world_size=64, path=F))
-    assert p.hint == ("set train_batch_size = 128, or gradient_accumulation_steps = 4, "
-                      "or train_micro_batch_size_per_gpu = 2")
+    assert p.hint.startswith("set train_batch_size = 128, or gradient_accumulation_steps = 4, "
+                             "or train_micro_batch_size_per_gpu = 2; ")
 
 
 def test_model_parallelism_divides_the_world():
     config = batch(train_batch_size=64, train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=8)
     assert check_batch(config, world_size=64, model_parallel_size=8, path=F) == []
     p = only(check_batch(config, world_size=64, model_parallel_size=1, path=F))
-    assert "dp(64)" in p.message
+    assert "dp(64)" in p.message and "--model-parallel-size" in p.hint
+    p = only(check_batch(config, world_size=64, model_parallel_size=2, path=F))
+    assert "dp(32)" in p.message and "--model-parallel-size" not in p.hint   # given: no need to mention it
 
 
 def test_world_size_not_a_multiple_of_model_parallel_size():

@@ -6,6 +6,7 @@
 # One torchrun per host; %n is pdsh's node rank (the host's place in HOSTS), the first host is the master.
 # The run dir must be at the same path on every host (shared file system).
 set -euo pipefail
+if [ -n "${PYTHONPATH:-}" ]; then IFS=: read -r -a orch_pp <<< "$PYTHONPATH"; PYTHONPATH=""; for p in "${orch_pp[@]}"; do case "$p" in /*) PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$p" ;; esac; done; export PYTHONPATH; fi   # absolute entries only: nothing from the run dir
 RUN_DIR="${ORCH_RUN_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 PYTHON="${ORCH_PYTHON:-python3}"
 HOSTS=localhost
@@ -18,7 +19,7 @@ RUN_ID="${ORCH_PDSH_RUN_ID:-$(date +%s)-$$}"
 q() { local v; v=$(printf '%s' "$1" | sed -e "s/'/'\\\\''/g" -e 's/%/%%/g'); printf "'%s'" "$v"; }
 # The ranks' environment: the node settings, then the caller's variables of these names (values are
 # visible in the remote command line, so secrets are never among them: ssh's SendEnv carries those).
-remote_env=DS_ACCELERATOR=cpu
+remote_env='PYTHONSAFEPATH=1 DS_ACCELERATOR=cpu'
 for name in $(compgen -e); do
   case "$name" in
     WANDB_API_KEY|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|*KEY*|*TOKEN*|*SECRET*|*PASSWORD*|*CREDENTIAL*) ;;
