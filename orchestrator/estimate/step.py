@@ -365,6 +365,10 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
 
 
+# Layouts that differ only in what the DP traffic does not see (interleaving, splits) share its cost.
+_data_parallel_comm = lru_cache(maxsize=65536)(data_parallel_comm)
+
+
 def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, layers: int) -> DataParallelComm:
     """Gradient reduction (and parameter gathers) of a step: dense weights over dp x cp, routed experts over
     the expert-data-parallel group (edp ranks, etp * ep apart: expert ranks are ordered etp -> ep -> edp).
@@ -372,11 +376,11 @@ def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, lay
     gpn, cost, hw = ctx.hw.gpus_per_node, ctx.cost, ctx.hw
     expert = min(elements, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp)) \
         if ctx.shape.moe is not None else 0.0
-    dense = data_parallel_comm(work(elements - expert), group_placement(grad_sync_size(lay), lay.tp, gpn),
-                               cost.dp_overlap, hw)
+    dense = _data_parallel_comm(work(elements - expert), group_placement(grad_sync_size(lay), lay.tp, gpn),
+                                cost.dp_overlap, hw)
     if not expert:
         return dense
-    experts = data_parallel_comm(work(expert), group_placement(lay.edp, lay.etp * lay.ep, gpn), cost.dp_overlap, hw)
+    experts = _data_parallel_comm(work(expert), group_placement(lay.edp, lay.etp * lay.ep, gpn), cost.dp_overlap, hw)
     return DataParallelComm(*(getattr(dense, f) + getattr(experts, f) for f in
                               ("bytes", "time_s", "exposed_s", "reduce_s", "calls")))
 
