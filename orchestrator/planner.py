@@ -83,9 +83,26 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None) -> Sear
         raise _no_fit(spec, ctx, scored)
     ranked = [estimate(ctx, s.layout) for s in fitting[:max(1, top_k)]]
     best_overall = min(scored, key=lambda s: (s.step_time_s, s.total_bytes))
-    reasons = explain(ctx, ranked, best_overall, len(scored), len(fitting))
+    reasons = explain(ctx, ranked, best_overall, len(scored), len(fitting)) + fp8_hint(spec, cost, ranked[0])
     return SearchResult(chosen=ranked[0], candidates=ranked, num_considered=len(scored),
                         num_fitting=len(fitting), reasons=reasons)
+
+
+def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list[str]:
+    """FP8 where the rules allow it (Megatron engine, Hopper or newer, 16-aligned widths): the chosen layout
+    estimated in FP8, as one line of advice; precision is never changed behind the user's back."""
+    if spec.training.precision != "bf16":
+        return []
+    fp8 = dataclasses.replace(spec, training=dataclasses.replace(spec.training, precision="fp8"))
+    from .parallel_rules import rule_fp8_dims, rule_fp8_engine_gpu  # noqa: PLC0415
+    if rule_fp8_engine_gpu(fp8, chosen.layout) or rule_fp8_dims(fp8, chosen.layout):
+        return []
+    est = estimate(EstimateContext.of(fp8, cost), chosen.layout)
+    if not est.fits or est.step_time_s >= chosen.step_time_s:
+        return []
+    return [f"fp8: training.precision: fp8 would run this layout {chosen.step_time_s / est.step_time_s - 1:.0%} "
+            f"faster ({est.step_time_s:.3g} s/step, Transformer Engine FP8 GEMMs) and still fit "
+            f"({_gib(est.memory.total_bytes)})."]
 
 
 def _score(ctx: EstimateContext, lay: Layout) -> _Scored:

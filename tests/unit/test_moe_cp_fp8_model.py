@@ -145,3 +145,11 @@ def test_ulysses_degree_reaches_ds_config_and_its_batch_check():
     assert config["sequence_parallel_size"] == 2 and plan.layout.dp == 2
     assert check_ds_config(config, world_size=4, model_parallel_size=1) == []
     assert check_ds_config({**config, "sequence_parallel_size": 1}, world_size=4, model_parallel_size=1)
+
+
+def test_planner_advises_fp8_only_where_the_rules_allow_it():
+    hopper = search(spec("llama3-8b", nodes=1))
+    assert any(r.startswith("fp8: training.precision: fp8 would run this layout") for r in hopper.reasons)
+    ampere = parse_spec({"name": "t", "model": {"preset": "llama3-8b"}, "training": {"global_batch_size": 256},
+                         "cluster": {"gpu": "a100-80gb", "num_nodes": 1, "gpus_per_node": 8}})
+    assert not any(r.startswith("fp8") for r in search(ampere).reasons)
