@@ -153,10 +153,11 @@ def _candidates(spec: Spec) -> Iterator[Layout]:
                         yield from _inner(spec, fixed, degrees, mb, batch // (mb * dp))
 
 
-# Smallest sequence chunk a context-parallel rank is searched with: below ~2K tokens per rank the
-# attention block is too short to hide the K/V ring exchange (Megatron-Core's context-parallel guide
-# recommends CP for long sequences, >= 8K tokens), and the planner would only add losing candidates.
-MIN_CONTEXT_CHUNK = 2048
+# Smallest sequence chunk a context-parallel rank is searched with: Megatron-Core's context-parallel guide
+# recommends CP for long sequences (8K tokens and more); below 4K tokens per rank the attention blocks are
+# short, the ring's launches and partial-softmax corrections weigh more, and the planner would mostly add
+# losing candidates (a spec may still fix any cp the rules allow).
+MIN_CONTEXT_CHUNK = 4096
 
 
 def context_options(spec: Spec, ranks: int) -> list[int]:
