@@ -20,6 +20,7 @@ class Plan:
     chosen: dict                              # the LAYOUT record of SPEC.md (layout + estimates)
     candidates: list = field(default_factory=list)  # LAYOUT records of the top candidates
     cost_model: dict | None = None            # the calibrated cost-model terms, when not the defaults
+    measured: dict | None = None              # which figures `orch doctor` measured (--measured), with values
 
     @property
     def world_size(self) -> int:
@@ -56,12 +57,14 @@ class Plan:
         record = {"chosen": self.chosen, "candidates": self.candidates}
         if self.cost_model:
             record["cost_model"] = self.cost_model
+        if self.measured:
+            record["measured"] = self.measured
         if notes:
             record["notes"] = notes
         return record
 
 
-def build_plan(spec: Spec, *, top_k: int = 5, cost=None) -> Plan:
+def build_plan(spec: Spec, *, top_k: int = 5, cost=None, measured: dict | None = None) -> Plan:
     """Plan a spec: estimate its layout when fully fixed, otherwise search the open fields."""
     from .planner import search  # noqa: PLC0415  (keeps `orch --help` light)
 
@@ -69,7 +72,7 @@ def build_plan(spec: Spec, *, top_k: int = 5, cost=None) -> Plan:
     layout = result.chosen.layout
     return Plan(spec=with_layout(spec, layout), layout=layout, chosen=result.chosen.to_dict(),
                 candidates=[c.to_dict() for c in result.candidates],
-                cost_model=cost.to_dict() if cost is not None else None)
+                cost_model=cost.to_dict() if cost is not None else None, measured=measured)
 
 
 def with_layout(spec: Spec, layout: Layout) -> Spec:

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("cancel", "Cancel a launched run dir's job."),
     "compare": ("compare", "Put runs side by side, predicted against measured."),
     "calibrate": ("calibrate", "Fit the cost model's efficiency terms from measured runs."),
+    "doctor": ("doctor", "Measure the cluster through the run's launch path; name slow nodes."),
 }
 
 

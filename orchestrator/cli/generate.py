@@ -18,8 +18,10 @@ from .table import plural
               help="Candidates kept in plan.json.")
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False),
               help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
+@click.option("--measured", "measured_path", type=click.Path(dir_okay=False),
+              help="doctor.json from `orch doctor`: measured bandwidths, latency and GEMM rate replace the catalog's.")
 def command(spec_path: str, out_dir: str, force: bool, discard_outputs: bool, top_k: int,
-            calibration_path: str | None) -> None:
+            calibration_path: str | None, measured_path: str | None) -> None:
     """Write the run dir for SPEC: ds_config.json, megatron_args.txt, megatron_config.json, launch
     scripts (local, SLURM, pdsh), hostfile, plan.json, spec.resolved.yaml and manifest.json.
 
@@ -33,7 +35,8 @@ def command(spec_path: str, out_dir: str, force: bool, discard_outputs: bool, to
     from .plan import calibrated_cost
 
     spec = load_spec(spec_path)
-    plan = build_plan(spec, top_k=top_k, cost=calibrated_cost(calibration_path, spec))
+    cost, measured = calibrated_cost(calibration_path, spec, measured_path)
+    plan = build_plan(spec, top_k=top_k, cost=cost, measured=measured)
     if discard_outputs and not force:
         raise click.UsageError("--discard-outputs only makes sense with --force")
     out = write_run_dir(plan, out_dir, force=force, discard_outputs=discard_outputs)

@@ -15,7 +15,12 @@ import click
               help="With --wait: give up (and cancel the job) after this many seconds (> 0).")
 @click.option("--allow-modified", is_flag=True,
               help="Run even though generated files differ from manifest.json (logged in logs/overrides.log).")
-def command(run_dir, backend, dry_run, wait, timeout_s, allow_modified) -> None:
+@click.option("--preflight", is_flag=True,
+              help="First run `orch doctor --quick` on the job's nodes; refuse to start when a node fails it.")
+@click.option("--preflight-timeout", "preflight_timeout_s", type=click.FloatRange(min=5),
+              help="With --preflight: give up after this many seconds, naming the nodes that did not report "
+                   "[default: 90].")
+def command(run_dir, backend, dry_run, wait, timeout_s, allow_modified, preflight, preflight_timeout_s) -> None:
     """Start the training job of RUN_DIR (written by `orch generate`).
 
     First checks that every generated file is as `orch generate` wrote it (manifest.json) and that no
@@ -32,5 +37,6 @@ def command(run_dir, backend, dry_run, wait, timeout_s, allow_modified) -> None:
 
     code = launch_run_dir(run_dir, backend=backend, dry_run=dry_run, wait=wait, timeout_s=timeout_s,
                           echo=lambda line: click.echo(line), note=lambda line: click.echo(line, err=True),
-                          allow_modified=allow_modified)
+                          allow_modified=allow_modified, preflight=preflight,
+                          preflight_timeout_s=preflight_timeout_s)
     raise click.exceptions.Exit(code)

@@ -21,7 +21,10 @@ GiB = 2**30
               help="Show every column whatever the terminal width (by default columns that do not fit are left out).")
 @click.option("--calibration", "calibration_path", type=click.Path(dir_okay=False),
               help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
-def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_path: str | None) -> None:
+@click.option("--measured", "measured_path", type=click.Path(dir_okay=False),
+              help="doctor.json from `orch doctor`: measured bandwidths, latency and GEMM rate replace the catalog's.")
+def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_path: str | None,
+            measured_path: str | None) -> None:
     """Search the parallel layouts SPEC leaves open (tp, pp, vpp, dp, ZeRO stage, micro-batch,
     recompute, sequence parallel, offload), drop those that break a rule or do not fit in GPU memory,
     and rank the rest by predicted step time. Prints the top layouts with their memory breakdown, bubble,
@@ -34,23 +37,32 @@ def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_p
     from ..spec import load_spec
 
     spec = load_spec(spec_path)
-    cost = calibrated_cost(calibration_path, spec)
+    cost, measured = calibrated_cost(calibration_path, spec, measured_path)
     result = search(spec, top_k=top_k, cost=cost)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
+        click.echo(json.dumps({**result.to_dict(), **({"measured": measured} if measured else {})},
+                              sort_keys=True, indent=2))
         return
     click.echo(render_plan(spec, result, wide=wide, width=terminal_width(), style=use_style()))
 
 
-def calibrated_cost(path: str | None, spec):
-    """The CostModel of a calib.json for this spec (None without one); notes the file on stderr."""
-    if path is None:
-        return None
-    from ..calibrate import load_calibration
+def calibrated_cost(path: str | None, spec, measured_path: str | None = None):
+    """(CostModel, measured record): a calib.json's terms for this spec, then a doctor.json's measured
+    figures on top; (None, None) without either. Notes each file on stderr."""
+    cost = None
+    if path is not None:
+        from ..calibrate import load_calibration
 
-    cost = load_calibration(path).cost_for(spec)
-    click.echo(f"note: cost model calibrated by {path}", err=True)
-    return cost
+        cost = load_calibration(path).cost_for(spec)
+        click.echo(f"note: cost model calibrated by {path}", err=True)
+    if measured_path is None:
+        return cost, None
+    from ..doctor.measured import measured_cost
+
+    cost, measured = measured_cost(measured_path, spec, cost)
+    click.echo(f"note: measured by orch doctor ({measured_path}): {', '.join(measured['figures']) or 'nothing'}",
+               err=True)
+    return cost, measured
 
 
 # Identity and the ranking first; the memory split and per-kind communication go when the terminal is narrow.

@@ -8,21 +8,28 @@ import click
 
 @click.command(name="status")
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print {backend, job_id, state} as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print {backend, job_id, state, straggler} as JSON.")
 def command(run_dir, as_json) -> None:
-    """Print the job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...).
+    """Print the job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...) and the persistent
+    straggler the job named, if any.
 
     Exit 0 when the state is known and not a failure; 1 when the job FAILED (also NODE_FAIL, OUT_OF_MEMORY,
     TIMEOUT); 2 when nothing was launched from RUN_DIR (no job.json: not a run dir, or never launched).
     """
     from ..launch import backend_module
     from ..launch.base import CommandRunner, JobRecord, JobState
+    from ..telemetry.straggler import read_straggler
 
     record = JobRecord.load(run_dir)
     state = backend_module(record.backend).status(record, CommandRunner())
+    straggler = read_straggler(run_dir)
     if as_json:
-        click.echo(json.dumps({"backend": record.backend, "job_id": record.job_id, "state": state.value}))
+        click.echo(json.dumps({"backend": record.backend, "job_id": record.job_id, "state": state.value,
+                               "straggler": straggler}))
     else:
         click.echo(f"{record.backend} job {record.job_id}: {state.value}")
+        if straggler:
+            click.echo(f"straggler: rank {straggler['rank']} on {straggler['host']}: {straggler['spread']:.2f}x the "
+                       f"median rank's compute time, steps {straggler['since_step']}-{straggler['step']}")
     if state in (JobState.FAILED, JobState.NODE_FAIL, JobState.OUT_OF_MEMORY, JobState.TIMEOUT):
         raise click.exceptions.Exit(1)

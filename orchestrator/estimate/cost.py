@@ -59,6 +59,10 @@ class CostModel:
     inter_node_efficiency: float = 0.9
     # Fixed cost of one collective or p2p call (NCCL launch + protocol latency, small-message regime).
     collective_latency_s: float = 20e-6
+    # Measured bus bandwidths (GB/s) that replace the catalog's figure (and its efficiency) when set:
+    # `orch plan/generate --measured doctor.json` puts what `orch doctor` measured on the cluster here.
+    intra_node_bandwidth_GBps: Optional[float] = None
+    inter_node_bandwidth_GBps: Optional[float] = None
     # --- overlap ----------------------------------------------------------------------------------
     # Fraction of the backward (or forward, ZeRO-3 prefetch) compute window that data-parallel
     # communication can hide behind. Bucketed, asynchronous reduction (DeepSpeed overlap_comm,
@@ -128,7 +132,8 @@ def _in_range(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return key == "fused_grad_accumulation"
     if value is None:
-        return key in ("matmul_efficiency", "attention_efficiency")
+        return key in ("matmul_efficiency", "attention_efficiency", "intra_node_bandwidth_GBps",
+                       "inter_node_bandwidth_GBps")
     if not isinstance(value, (int, float)) or value < 0:
         return False
     if key.endswith("_efficiency"):

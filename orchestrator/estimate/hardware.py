@@ -1,8 +1,9 @@
 """What one GPU and its links deliver for this spec: catalog facts scaled by the cost model.
 
 :class:`Hardware` is a small hashable record so the estimators can cache on it. Bandwidths are bytes per
-second. The spec's ``cluster.*_bandwidth_GBps`` are measurements and replace the catalog figures as they
-are; catalog figures are scaled by the cost model's link efficiencies.
+second. Bandwidths measured by ``orch doctor`` (the cost model's ``*_bandwidth_GBps``, from ``--measured``)
+come first, then the spec's ``cluster.*_bandwidth_GBps`` (measurements too), used as they are; catalog
+figures are scaled by the cost model's link efficiencies.
 """
 from __future__ import annotations
 
@@ -55,8 +56,10 @@ def hardware_for(spec: Spec, cost: CostModel) -> Hardware:
     """The Hardware record of ``spec.cluster`` under ``cost``."""
     gpu = GPUS[spec.cluster.gpu]
     c = spec.cluster
-    intra = c.intra_node_bandwidth_GBps or gpu.intra_node_bandwidth_GBps * cost.intra_node_efficiency
-    inter = c.inter_node_bandwidth_GBps or gpu.inter_node_bandwidth_GBps * cost.inter_node_efficiency
+    intra = (cost.intra_node_bandwidth_GBps or c.intra_node_bandwidth_GBps
+             or gpu.intra_node_bandwidth_GBps * cost.intra_node_efficiency)
+    inter = (cost.inter_node_bandwidth_GBps or c.inter_node_bandwidth_GBps
+             or gpu.inter_node_bandwidth_GBps * cost.inter_node_efficiency)
     return Hardware(
         name=gpu.name, peak_flops=gpu.peak_for(MFU_PEAK_PRECISION.get(spec.training.precision,
                                                                       spec.training.precision)),

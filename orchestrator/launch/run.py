@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..errors import Problem, SpecError
+from ..errors import OrchError, Problem, SpecError
 from ..rundir import RunDir, read_run_dir
 from . import backend_module
 from ..runlock import RunDirBusy, share, try_lock
@@ -19,11 +19,14 @@ from .progress import METRICS, StartupWatch, follow, format_progress
 def launch_run_dir(run_dir: str | Path, *, backend: str | None = None, dry_run: bool = False,
                    wait: bool = False, timeout_s: float | None = None, runner: CommandRunner | None = None,
                    echo: Callable[[str], None] = print, note: Callable[[str], None] = print,
-                   allow_modified: bool = False) -> int:
+                   allow_modified: bool = False, preflight: bool = False,
+                   preflight_timeout_s: float | None = None) -> int:
     """Start RUN_DIR's job; returns the exit code (0, or the job's code with wait).
 
     Refused (before anything runs, --dry-run included) when a generated file differs from the manifest,
-    unless ``allow_modified``; refused when another job holds the run dir.
+    unless ``allow_modified``; refused when another job holds the run dir. With ``preflight``, the quick
+    part of ``orch doctor`` runs first on the job's nodes, through the same backend, within
+    ``preflight_timeout_s``; a node that fails it stops the launch (OrchError naming it).
     """
     run = read_run_dir(run_dir)
     check_intact(run, allow_modified=allow_modified, dry_run=dry_run, note=note)
@@ -43,6 +46,8 @@ def launch_run_dir(run_dir: str | Path, *, backend: str | None = None, dry_run: 
         note(trained)
         return 0
     runner = runner or CommandRunner()
+    if preflight:
+        run_preflight(run.path, name, runner, note, preflight_timeout_s)
     metrics = run.path / METRICS
     offset = metrics.stat().st_size if metrics.is_file() else 0
     record = submit_exclusive(run.path, module, plan, runner)
@@ -52,6 +57,20 @@ def launch_run_dir(run_dir: str | Path, *, backend: str | None = None, dry_run: 
         return 0
     return wait_for(module, record, runner, metrics=metrics, offset=offset, timeout_s=timeout_s,
                     train_iters=run.spec.training.train_iters, echo=echo, note=note)
+
+
+def run_preflight(run_dir: Path, backend: str, runner: CommandRunner, note, timeout_s: float | None) -> None:
+    """``orch doctor --quick`` on the job's nodes; OrchError naming every offender when one fails it."""
+    from ..doctor.report import offender_summary  # noqa: PLC0415
+    from ..doctor.run import DoctorOptions, run_doctor  # noqa: PLC0415
+
+    report = run_doctor(run_dir, DoctorOptions(backend=backend, mode="quick", timeout_s=timeout_s), runner=runner,
+                        note=note)
+    if not report["healthy"]:
+        raise OrchError(f"preflight failed ({report['seconds']:.0f} s), nothing was started: "
+                        f"{offender_summary(report)}; details in {run_dir / 'doctor.json'}")
+    note(f"preflight: {len(report['nodes'])} node(s), {len(report['ranks'])} rank(s) healthy "
+         f"({report['seconds']:.0f} s)")
 
 
 def submit_exclusive(run_dir: Path, module, plan, runner: CommandRunner) -> JobRecord:

@@ -122,7 +122,7 @@ def render_sbatch(plan: Plan) -> str:
 # remote command line, so names that look like credentials never do (SECRET_ENV travels through ssh's
 # SendEnv, which needs `AcceptEnv` for them in the hosts' sshd_config).
 PDSH_FORWARD_ENV = ("PYTHONPATH", "LD_LIBRARY_PATH", "TORCH_*", "NCCL_*", "GLOO_*", "DS_*", "OMP_*", "CUDA_*",
-                    "HF_*", "WANDB_*", "ORCH_FAULT_*")
+                    "HF_*", "WANDB_*", "ORCH_FAULT_*", "ORCH_STRAGGLER_*")
 PDSH_NEVER_FORWARD = ("*KEY*", "*TOKEN*", "*SECRET*", "*PASSWORD*", "*CREDENTIAL*")
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .record import MetricsRecord
+from .straggler import rank_spread
 
 ROW = ("step_time_s", "compute_time_s", "allreduce_s", "allreduce_blocked_s", "allgather_s", "other_s",
        "allreduce_bytes", "allreduce_bus_bytes", "mem_peak_bytes", "loss", "stop",
@@ -60,8 +61,10 @@ def bubble(compute_s: float, step_s: float) -> float:
 
 
 def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: float, lr: float,
-                 grad_norm: float | None, moe: dict | None = None) -> MetricsRecord:
-    """The step's record from every rank's ROW (as dicts); ``moe``: the routing metrics (moe.py), if any."""
+                 grad_norm: float | None, moe: dict | None = None, hosts: list[str] | None = None) -> MetricsRecord:
+    """The step's record from every rank's ROW (as dicts); ``moe``: the routing metrics (moe.py), if any;
+    ``hosts[rank]`` names each rank's node."""
+    spread, slowest = rank_spread([r["compute_time_s"] for r in rows], c.pp)
     step_time = max(r["step_time_s"] for r in rows)
     bubbles = [bubble(r["compute_time_s"], r["step_time_s"]) for r in rows] if c.pp > 1 else [0.0]
     allreduce = max(r["allreduce_s"] for r in rows)
@@ -92,4 +95,7 @@ def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: flo
         # MoE and context parallelism (issue 10)
         alltoall_time_s=max(r["alltoall_s"] for r in rows),
         **(moe or {}),
+        # stragglers (issue 11)
+        rank_step_time_spread=spread, slowest_rank=slowest,
+        slowest_host=hosts[slowest] if hosts and slowest < len(hosts) else "",
     )

@@ -71,6 +71,14 @@ class MetricsRecord:
                   "over MoE layers), mean over micro-batches and ranks; ``loss`` is the language-model loss "
                   "without it; null for a dense model", minimum=0)
     # --- end of the MoE and context-parallelism block -----------------------------------------------
+    # --- stragglers (issue 11; telemetry/straggler.py): per-rank compute time, waits in collectives excluded ---
+    rank_step_time_spread: float = spec_field(1.0, doc="the slowest rank's compute time (forward, backward, "
+                                                       "optimizer; its waits inside collectives excluded) over "
+                                                       "the median rank's; 1.0 when all ranks are equal",
+                                              minimum=0)
+    slowest_rank: int = spec_field(0, doc="the rank with the longest compute time this step", minimum=0)
+    slowest_host: str = spec_field("", doc="the node that rank runs on (SLURM node name, pdsh host or hostname)")
+    # --- end stragglers ---
 
 
 def record_fields() -> list[str]:

@@ -33,7 +33,8 @@ def _raw_all_reduce():
 class StepTelemetry:
     def __init__(self, constants: RunConstants, *, rank: int, world_size: int, sinks: list,
                  comm: Optional[CommTimer], busy: BusyTimer, device: torch.device | str = "cpu",
-                 enabled: bool = True, moe: MoEShape | None = None):
+                 enabled: bool = True, moe: MoEShape | None = None, hosts: list[str] | None = None,
+                 stragglers=None):
         self.c = constants
         self.moe = moe
         self.rank, self.world_size = rank, world_size
@@ -42,6 +43,8 @@ class StepTelemetry:
         self.device = device
         self.enabled = enabled
         self.last_record: MetricsRecord | None = None
+        self.hosts = hosts                        # rank -> node name, for slowest_host
+        self.stragglers = stragglers if rank == 0 else None   # a StragglerWatch (rank 0)
         self._t0 = 0.0
         self._all_reduce = _raw_all_reduce()
         self.set_enabled(enabled)
@@ -94,10 +97,13 @@ class StepTelemetry:
         if self.rank != 0:
             return None, stop
         moe = moe_metrics(self.moe, values[-extra:]) if extra else None
-        record = build_record(self.c, rows, step=step, time_unix=time.time(), lr=lr, grad_norm=grad_norm, moe=moe)
+        record = build_record(self.c, rows, step=step, time_unix=time.time(), lr=lr, grad_norm=grad_norm, moe=moe,
+                              hosts=self.hosts)
         self.last_record = record
         for sink in self.sinks:
             sink.write(record)
+        if self.stragglers is not None:
+            self.stragglers.observe(record, self.sinks)
         return record, stop
 
     def _reduce(self, tensor: torch.Tensor) -> None:

@@ -141,6 +141,15 @@ class WandbSink:
     def write(self, record: MetricsRecord) -> None:
         self.run.log(record_dict(record))
 
+    def alert(self, title: str, text: str) -> None:
+        """A W&B alert (a warning); offline, or when W&B refuses it, a note on stderr and training goes on."""
+        try:
+            import wandb  # noqa: PLC0415
+
+            self.run.alert(title=title, text=text, level=wandb.AlertLevel.WARN, wait_duration=300)
+        except Exception as e:  # noqa: BLE001  (an alert must never stop training)
+            print(f"[orch-train] note: W&B alert not sent ({e.__class__.__name__}: {e})", file=sys.stderr, flush=True)
+
     def close(self, *, exit_code: int = 0) -> None:
         self.run.finish(exit_code=exit_code)
 

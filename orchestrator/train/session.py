@@ -69,7 +69,12 @@ class TelemetrySession:
         """The step telemetry; call after the resume point is known (metrics.jsonl is truncated by then)."""
         import torch.distributed as dist  # noqa: PLC0415
 
+        from ..node import host_name  # noqa: PLC0415
+        from ..telemetry.straggler import StragglerWatch  # noqa: PLC0415
+
         world = dist.get_world_size()
+        hosts: list = [None] * world
+        dist.all_gather_object(hosts, host_name())
         sinks: list = []
         if self.rank == 0 and self.enabled:
             self.start_wandb(run_dir)
@@ -80,4 +85,5 @@ class TelemetrySession:
                 sinks.append(self._wandb)
         return StepTelemetry(run_constants(run_dir, world), rank=self.rank, world_size=world, sinks=sinks,
                              comm=self.comm, busy=self.busy, device=device, enabled=self.enabled,
-                             moe=getattr(engine, "moe_shape", None))
+                             moe=getattr(engine, "moe_shape", None), hosts=hosts,
+                             stragglers=StragglerWatch(run_dir.path) if self.rank == 0 and self.enabled else None)

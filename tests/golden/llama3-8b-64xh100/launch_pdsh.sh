@@ -3,7 +3,8 @@
 # Run from a host that reaches the nodes over ssh:   bash launch_pdsh.sh
 # (or: orch launch RUN_DIR --backend pdsh, which first checks every host, picks a free rendezvous port on the
 # first one, stops every node as soon as one fails, and records the job for orch status / orch cancel).
-# One torchrun per host; %n is pdsh's node rank (the host's place in HOSTS), the first host is the master.
+# One torchrun per host; %n is pdsh's node rank (the host's place in HOSTS), the first host is the master;
+# ORCH_HOST=%h names the host to the ranks. ORCH_ENTRY=orchestrator.doctor.probe runs `orch doctor` instead.
 # The run dir must be at the same path on every host (shared file system).
 set -euo pipefail
 if [ -n "${PYTHONPATH:-}" ]; then IFS=: read -r -a orch_pp <<< "$PYTHONPATH"; PYTHONPATH=""; for p in "${orch_pp[@]}"; do case "$p" in /*) PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$p" ;; esac; done; export PYTHONPATH; fi   # absolute entries only: nothing from the run dir
@@ -23,11 +24,11 @@ remote_env='CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONSAFEPATH=1'
 for name in $(compgen -e); do
   case "$name" in
     WANDB_API_KEY|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|*KEY*|*TOKEN*|*SECRET*|*PASSWORD*|*CREDENTIAL*) ;;
-    PYTHONPATH|LD_LIBRARY_PATH|TORCH_*|NCCL_*|GLOO_*|DS_*|OMP_*|CUDA_*|HF_*|WANDB_*|ORCH_FAULT_*) remote_env+=" $name=$(q "${!name}")" ;;
+    PYTHONPATH|LD_LIBRARY_PATH|TORCH_*|NCCL_*|GLOO_*|DS_*|OMP_*|CUDA_*|HF_*|WANDB_*|ORCH_FAULT_*|ORCH_STRAGGLER_*) remote_env+=" $name=$(q "${!name}")" ;;
   esac
 done
 export PDSH_RCMD_TYPE=ssh
 export PDSH_SSH_ARGS_APPEND="${PDSH_SSH_ARGS_APPEND:-} "'-p 22 -o BatchMode=yes -o SendEnv=WANDB_API_KEY -o SendEnv=HF_TOKEN -o SendEnv=HUGGING_FACE_HUB_TOKEN'
 # -S: exit with the largest remote exit code (without it pdsh exits 0 even when a node fails).
 exec pdsh -S -R ssh -f 1024 -w "$HOSTS" \
-  "cd $(q "$RUN_DIR") && exec env ORCH_RUN_ID=$(q "$RUN_ID") $remote_env TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank\${rank}]:' $(q "$PYTHON") -m torch.distributed.run --nnodes=8 --node_rank=%n --nproc_per_node=8 --master_addr=$(q "$MASTER_ADDR") --master_port=$(q "$MASTER_PORT") --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --log-dir=$(q "$RUN_DIR/logs/torchrun")/%h --redirects=3 --tee=3 -m orchestrator.train $(q "$RUN_DIR")"
+  "cd $(q "$RUN_DIR") && exec env ORCH_RUN_ID=$(q "$RUN_ID") ORCH_HOST=%h $remote_env TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank\${rank}]:' $(q "$PYTHON") -m torch.distributed.run --nnodes=8 --node_rank=%n --nproc_per_node=8 --master_addr=$(q "$MASTER_ADDR") --master_port=$(q "$MASTER_PORT") --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --log-dir=$(q "$RUN_DIR/logs/torchrun")/%h --redirects=3 --tee=3 -m $(q "${ORCH_ENTRY:-orchestrator.train}") $(q "$RUN_DIR")"

@@ -1,0 +1,86 @@
+"""``--measured doctor.json``: what ``orch doctor`` measured replaces the catalog's figures in the cost model.
+
+It goes through the same :class:`~orchestrator.estimate.cost.CostModel` that ``--calibration`` fills (on top
+of it, when both are given): the measured intra- and inter-node all-reduce bus bandwidths become
+``intra/inter_node_bandwidth_GBps`` (used as they are, ahead of the spec's and the catalog's), the 8-byte
+all-reduce latency ``collective_latency_s`` (per ring hop; CPU runs only: on GPUs the cost model takes NCCL's
+per-link latencies from its table, which a small all-reduce does not resolve), and the slowest rank's GEMM
+rate over the precision's dense peak ``matmul_efficiency`` (at most 1). plan.json's ``measured`` block lists each figure that was replaced,
+its value and where it came from.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from ..errors import Problem, SpecError
+from ..estimate.cost import CostModel
+from ..spec import Spec
+from .report import DOCTOR_VERSION
+
+# doctor.json measured.<name> -> the CostModel field it sets
+FIGURES = {"intra_node_bandwidth_GBps": "intra_node_bandwidth_GBps",
+           "inter_node_bandwidth_GBps": "inter_node_bandwidth_GBps"}
+
+
+def load_doctor(path: str | Path) -> dict:
+    """doctor.json's content, or SpecError naming the file and what is wrong with it."""
+    where = str(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SpecError(Problem(where, "no such file", "write one with `orch doctor RUN_DIR`")) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecError(Problem(where, f"not a doctor.json ({e.__class__.__name__})",
+                                "pass the doctor.json that `orch doctor` wrote into the run dir")) from None
+    if not isinstance(data, dict) or data.get("doctor_version") != DOCTOR_VERSION or \
+            not isinstance(data.get("measured"), dict):
+        raise SpecError(Problem(where, f"not a doctor.json of version {DOCTOR_VERSION} (no measured figures)",
+                                "re-run `orch doctor RUN_DIR` with this orch"))
+    return data
+
+
+def per_hop_latency_s(measured: dict) -> float | None:
+    """The cost model's gloo latency per ring hop from an 8-byte all-reduce over n ranks: the model charges
+    1 + 2(n-1) hops for it (estimate/comm.py), so the measured time is split over as many."""
+    lat, n = measured.get("allreduce_latency_s"), measured.get("allreduce_latency_ranks")
+    if not isinstance(lat, (int, float)) or not isinstance(n, int) or lat <= 0 or n < 2:
+        return None
+    return float(lat) / (1 + 2 * (n - 1))
+
+
+def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -> tuple[CostModel, dict]:
+    """(the cost model with the measured figures, plan.json's ``measured`` record)."""
+    from ..catalog.gpus import GPUS  # noqa: PLC0415
+
+    data = load_doctor(path)
+    problems = []
+    for key, have in (("gpu", spec.cluster.gpu), ("precision", spec.training.precision)):
+        want = (data.get("spec") or {}).get(key)
+        if want is not None and want != have:
+            problems.append(Problem(f"{path}: spec.{key}", f"measured on {want!r}, but the spec has {have!r}",
+                                    "measure this cluster with `orch doctor` on a run dir of this spec"))
+    if problems:
+        raise SpecError(problems)
+    measured, terms, figures = data["measured"], {}, {}
+    for name, field in FIGURES.items():
+        value = measured.get(name)
+        if isinstance(value, (int, float)) and value > 0:
+            terms[field] = float(value)
+            figures[field] = {"value": float(value), "from": f"measured.{name}"}
+    hop = per_hop_latency_s(measured)
+    if hop is not None and spec.cluster.gpu == "cpu":
+        terms["collective_latency_s"] = hop
+        figures["collective_latency_s"] = {"value": hop, "from": "measured.allreduce_latency_s",
+                                           "allreduce_latency_s": measured["allreduce_latency_s"],
+                                           "ranks": measured["allreduce_latency_ranks"]}
+    gemm = measured.get("gemm_flops")
+    if isinstance(gemm, (int, float)) and gemm > 0:
+        peak = GPUS[spec.cluster.gpu].peak_for(spec.training.precision)
+        terms["matmul_efficiency"] = min(1.0, gemm / peak)
+        figures["matmul_efficiency"] = {"value": terms["matmul_efficiency"], "from": "measured.gemm_flops",
+                                        "gemm_flops": float(gemm), "peak_flops": peak}
+    cost = dataclasses.replace(base or CostModel(), **terms)
+    return cost, {"source": str(path), "doctor_time_unix": data.get("time_unix"), "backend": data.get("backend"),
+                  "figures": figures}
