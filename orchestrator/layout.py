@@ -140,7 +140,7 @@ def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
 
 
 def _known(*values) -> bool:
-    return all(v is not None for v in values)
+    return None not in values
 
 
 # --- rules on the model alone -------------------------------------------------------------------

@@ -54,7 +54,7 @@ def rule_first_dense_layers(spec: Spec, lay: Layout) -> Problem | None:
 # --- MoE parallel folding -----------------------------------------------------------------------
 
 def rule_expert_needs_moe(spec: Spec, lay: Layout) -> Problem | None:
-    if spec.model.moe is not None:
+    if spec.model.moe is not None or (lay.ep == 1 and lay.etp == 1):
         return None
     for name in ("ep", "etp"):
         value = getattr(lay, name)
@@ -143,7 +143,7 @@ def rule_deepspeed_moe(spec: Spec, lay: Layout) -> Problem | None:
 # --- context parallelism ------------------------------------------------------------------------
 
 def rule_context_sequence(spec: Spec, lay: Layout) -> Problem | None:
-    if not _known(lay.cp) or lay.cp == 1:
+    if lay.cp == 1 or lay.cp is None:
         return None
     s, cp = spec.model.seq_length, lay.cp
     chunks, why = (2 * cp, "2 * cp chunks, causal load balancing") if engine_of(spec) == "megatron" else \
@@ -155,7 +155,7 @@ def rule_context_sequence(spec: Spec, lay: Layout) -> Problem | None:
 
 
 def rule_context_fused_attention(spec: Spec, lay: Layout) -> Problem | None:
-    if _known(lay.cp) and lay.cp > 1 and not spec.model.flash_attention and engine_of(spec) == "megatron":
+    if lay.cp != 1 and lay.cp is not None and not spec.model.flash_attention and engine_of(spec) == "megatron":
         return Problem(FIELD_PATHS["cp"], f"context parallelism (cp({lay.cp})) needs fused attention: Transformer "
                        "Engine's attention runs the K/V ring exchange", "set model.flash_attention: true, or context: 1")
     return None
@@ -163,7 +163,7 @@ def rule_context_fused_attention(spec: Spec, lay: Layout) -> Problem | None:
 
 def rule_ulysses_heads(spec: Spec, lay: Layout) -> Problem | None:
     """DeepSpeed-Ulysses: the all-to-all regroups heads, so heads (and KV heads) per tp rank divide by cp."""
-    if engine_of(spec) != "deepspeed" or not _known(lay.cp, lay.tp) or lay.cp == 1:
+    if lay.cp == 1 or engine_of(spec) != "deepspeed" or not _known(lay.cp, lay.tp):
         return None
     m = spec.model
     for name, heads in (("num_attention_heads", m.num_attention_heads), ("num_query_groups", m.num_query_groups)):

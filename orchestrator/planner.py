@@ -83,9 +83,26 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None) -> Sear
         raise _no_fit(spec, ctx, scored)
     ranked = [estimate(ctx, s.layout) for s in fitting[:max(1, top_k)]]
     best_overall = min(scored, key=lambda s: (s.step_time_s, s.total_bytes))
-    reasons = explain(ctx, ranked, best_overall, len(scored), len(fitting))
+    reasons = explain(ctx, ranked, best_overall, len(scored), len(fitting)) + fp8_hint(spec, cost, ranked[0])
     return SearchResult(chosen=ranked[0], candidates=ranked, num_considered=len(scored),
                         num_fitting=len(fitting), reasons=reasons)
+
+
+def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list[str]:
+    """FP8 where the rules allow it (Megatron engine, Hopper or newer, 16-aligned widths): the chosen layout
+    estimated in FP8, as one line of advice; precision is never changed behind the user's back."""
+    if spec.training.precision != "bf16":
+        return []
+    fp8 = dataclasses.replace(spec, training=dataclasses.replace(spec.training, precision="fp8"))
+    from .parallel_rules import rule_fp8_dims, rule_fp8_engine_gpu  # noqa: PLC0415
+    if rule_fp8_engine_gpu(fp8, chosen.layout) or rule_fp8_dims(fp8, chosen.layout):
+        return []
+    est = estimate(EstimateContext.of(fp8, cost), chosen.layout)
+    if not est.fits or est.step_time_s >= chosen.step_time_s:
+        return []
+    return [f"fp8: training.precision: fp8 would run this layout {chosen.step_time_s / est.step_time_s - 1:.0%} "
+            f"faster ({est.step_time_s:.3g} s/step, Transformer Engine FP8 GEMMs) and still fit "
+            f"({_gib(est.memory.total_bytes)})."]
 
 
 def _score(ctx: EstimateContext, lay: Layout) -> _Scored:
@@ -160,10 +177,11 @@ def _split_variants(spec: Spec, fixed: Layout, pp: int, num_mb: int) -> Iterator
             yield vpp, (None, None), True
 
 
-# Smallest sequence chunk a context-parallel rank is searched with: below ~1K tokens per rank the
-# attention block is too short to hide the K/V ring exchange (Megatron-Core's context-parallel guide
-# recommends CP for long sequences, >= 8K tokens), and the planner would only add losing candidates.
-MIN_CONTEXT_CHUNK = 1024
+# Smallest sequence chunk a context-parallel rank is searched with: Megatron-Core's context-parallel guide
+# recommends CP for long sequences (8K tokens and more); below 4K tokens per rank the attention blocks are
+# short, the ring's launches and partial-softmax corrections weigh more, and the planner would mostly add
+# losing candidates (a spec may still fix any cp the rules allow).
+MIN_CONTEXT_CHUNK = 4096
 
 
 def context_options(spec: Spec, ranks: int) -> list[int]:
@@ -190,8 +208,7 @@ def expert_options(spec: Spec, fixed: Layout, tp: int, ranks_per_stage: int, dp:
 def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator[Layout]:
     tp, pp, dp = d["tp"], d["pp"], d["dp"]
     for vpp, split, account in _split_variants(spec, fixed, pp, num_mb):
-        for sp in _opt(fixed.sequence_parallel, [False, True] if tp > 1 and spec.model.seq_length % tp == 0
-                       else [False]):
+        for sp in _opt(fixed.sequence_parallel, _sp_options(spec, tp)):
             recomputes = [r for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
             for rec in _opt(fixed.recompute, recomputes):
                 for zero in _opt(fixed.zero_stage, _zero_options(pp, dp)):
@@ -200,6 +217,13 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
                                      sequence_parallel=sp, recompute=rec, offload=off,
                                      first_stage_layers=split[0], last_stage_layers=split[1],
                                      cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account)
+
+
+def _sp_options(spec: Spec, tp: int) -> list[bool]:
+    """Sequence parallelism off and on with tp > 1; only on for MoE on Megatron (its MoE layer needs it)."""
+    if tp == 1 or spec.model.seq_length % tp:
+        return [False]
+    return [True] if spec.model.moe is not None and engine_of(spec) == "megatron" else [False, True]
 
 
 def _opt(fixed, options: list) -> list:
@@ -344,7 +368,8 @@ def _time_line(est: LayoutEstimate) -> str:
     b, step = est.breakdown, est.step_time_s
     parts = {"compute": b.compute_s, "pipeline bubble": b.bubble_s, "TP comm": b.tp_exposed_s,
              "PP p2p": b.pp_exposed_s, "DP comm (exposed)": b.dp_exposed_s, "optimizer": b.optimizer_s,
-             "offload": b.offload_s, "engine host work": b.engine_s, "comm contention": b.contention_s}
+             "offload": b.offload_s, "engine host work": b.engine_s, "comm contention": b.contention_s,
+             "EP all-to-all": b.ep_exposed_s, "CP K/V ring (exposed)": b.cp_exposed_s}
     shares = ", ".join(f"{k} {v / step:.0%}" for k, v in parts.items() if v / step >= 0.005)
     worst = max((k for k in parts if k != "compute"), key=lambda k: parts[k])
     limit = f"largest overhead: {worst} ({parts[worst] / step:.1%} of the step)"
@@ -353,6 +378,9 @@ def _time_line(est: LayoutEstimate) -> str:
         limit += f", bubble fraction (p-1)/(v*m+p-1) = {est.bubble_fraction:.1%} with m={est.num_microbatches}"
     elif worst == "DP comm (exposed)":
         limit += f"; DP sends {est.comm.dp_bytes / 1e9:.2f} GB per GPU per step in {est.comm.dp_s:.3g} s"
+    elif worst == "EP all-to-all":
+        limit += (f"; dispatch and combine send {est.comm.ep_bytes / 1e9:.2f} GB per GPU per step in "
+                  f"{est.comm.ep_s:.3g} s over ep({est.layout.ep})")
     return f"time: {shares}; {limit}."
 
 

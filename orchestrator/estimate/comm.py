@@ -269,14 +269,21 @@ class CommEstimate:
     tp_exposed_s: float
     pp_exposed_s: float
     dp_reduce_s: float = 0.0   # gradient reductions only: what telemetry's allreduce_time_s measures
+    ep_bytes: float = 0.0      # expert all-to-all dispatch and combine (estimate/moe.py)
+    ep_s: float = 0.0
+    ep_exposed_s: float = 0.0  # not hidden by Megatron's EP all-to-all overlap
+    cp_bytes: float = 0.0      # context-parallel K/V ring (estimate/context.py)
+    cp_s: float = 0.0
+    cp_exposed_s: float = 0.0
 
     @property
     def exposed_s(self) -> float:
-        return self.dp_exposed_s + self.tp_exposed_s + self.pp_exposed_s
+        return self.dp_exposed_s + self.tp_exposed_s + self.pp_exposed_s + self.ep_exposed_s + self.cp_exposed_s
 
     def to_dict(self) -> dict:
         d = {k: float(getattr(self, k)) for k in ("dp_bytes", "tp_bytes", "pp_bytes", "dp_s", "tp_s", "pp_s",
                                                    "dp_exposed_s", "tp_exposed_s", "pp_exposed_s",
-                                                   "dp_reduce_s")}
+                                                   "dp_reduce_s", "ep_bytes", "ep_s", "ep_exposed_s", "cp_bytes", "cp_s",
+                                                   "cp_exposed_s")}
         d["exposed_s"] = float(self.exposed_s)
         return d

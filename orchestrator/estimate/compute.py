@@ -99,11 +99,47 @@ class LayerTimeEstimate:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
-def _linear_shapes(shape: ModelShape, tp: int) -> list[tuple[int, int]]:
-    """(output width, input width) of the four linear layers on one TP rank."""
+def attention_linear_shapes(shape: ModelShape, tp: int) -> list[tuple[int, int]]:
+    """(output width, input width) of the attention's two linear layers on one TP rank."""
+    h, q = shape.hidden_size, shape.q_size
+    return [((q + 2 * shape.kv_size) // tp, h), (h, q // tp)]
+
+
+def mlp_linear_shapes(shape: ModelShape, ffn: int, tp: int) -> list[tuple[int, int]]:
+    """(output width, input width) of an MLP's two linear layers (gate and up fused when gated)."""
     h = shape.hidden_size
-    return [((h + 2 * shape.kv_size) // tp, h), (h, h // tp), (shape.mlp_in_width // tp, h),
-            (h, shape.ffn_hidden_size // tp)]
+    return [(ffn * (2 if shape.gated_mlp else 1) // tp, h), (h, ffn // tp)]
+
+
+def linears_time_s(tokens: int, shapes: list[tuple[int, int]], hw: Hardware) -> tuple[float, float, float]:
+    """(forward, backward, forward GEMMs only) of linear layers over ``tokens`` rows."""
+    fwd = bwd = 0.0
+    for n_out, k_in in shapes:
+        f, b = linear_times_s(tokens, n_out, k_in, hw)
+        fwd, bwd = fwd + f, bwd + b
+    return fwd, bwd, fwd
+
+
+def activation_bytes(shape: ModelShape, e: int, rows: float, width: float) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of an MLP activation (GeLU, or SwiGLU's gate) over rows x width."""
+    act = rows * width
+    return (3 if shape.gated_mlp else 2) * e * act, (5 if shape.gated_mlp else 3) * e * act
+
+
+@dataclass(frozen=True)
+class MlpTimes:
+    """One layer's MLP block on one rank for one micro-batch (GEMMs and element-wise work)."""
+
+    forward_s: float
+    backward_s: float
+    matmul_forward_s: float
+
+
+def dense_mlp_times(shape: ModelShape, hw: Hardware, tp: int, mb: int, gemm_hw: Hardware | None = None) -> MlpTimes:
+    tokens = shape.seq_length * mb
+    fwd, bwd, mm = linears_time_s(tokens, mlp_linear_shapes(shape, shape.ffn_hidden_size, tp), gemm_hw or hw)
+    act_fwd, act_bwd = activation_bytes(shape, hw.dtype_bytes, tokens, shape.ffn_hidden_size / tp)
+    return MlpTimes(fwd + act_fwd / hw.hbm_Bps, bwd + act_bwd / hw.hbm_Bps, mm)
 
 
 def _attention_times_s(shape: ModelShape, hw: Hardware, tp: int, mb: int) -> tuple[float, float, float]:
@@ -131,36 +167,36 @@ def causal_fraction(seq: int, block: int = 128) -> float:
 
 
 def _memory_bound_bytes(shape: ModelShape, e: int, tp: int, sp: bool, mb: int) -> tuple[float, float]:
-    """(forward, backward) HBM bytes of one layer's element-wise kernels on one TP rank."""
+    """(forward, backward) HBM bytes of one layer's element-wise kernels on one TP rank, outside the MLP
+    (norms, residuals and dropouts, QKV/context reshapes, RoPE)."""
     tokens = shape.seq_length * mb
     x = tokens * shape.hidden_size / (tp if sp else 1)      # tensors outside the TP region
-    qkv = tokens * (shape.hidden_size + 2 * shape.kv_size) / tp
-    ctx = tokens * shape.hidden_size / tp
-    act = tokens * shape.ffn_hidden_size / tp
-    rope = 0 if shape.learned_positions else tokens * (shape.hidden_size + shape.kv_size) / tp
-    act_fwd = (3 if shape.gated_mlp else 2) * e * act
-    act_bwd = (5 if shape.gated_mlp else 3) * e * act
-    fwd = 2 * (2 * e * x) + 2 * ((3 * e + MASK) * x) + 2 * e * (qkv + ctx + rope) + act_fwd
-    bwd = 2 * (3 * e * x) + 2 * ((3 * e + MASK) * x) + 2 * e * (qkv + ctx + rope) + act_bwd
+    qkv = tokens * (shape.q_size + 2 * shape.kv_size) / tp
+    ctx = tokens * shape.q_size / tp
+    rope = 0 if shape.learned_positions else tokens * (shape.q_size + shape.kv_size) / tp
+    fwd = 2 * (2 * e * x) + 2 * ((3 * e + MASK) * x) + 2 * e * (qkv + ctx + rope)
+    bwd = 2 * (3 * e * x) + 2 * ((3 * e + MASK) * x) + 2 * e * (qkv + ctx + rope)
     return fwd, bwd
 
 
 @lru_cache(maxsize=65536)
-def estimate_layer_time(shape: ModelShape, hw: Hardware, tp: int, mb: int, sp: bool,
-                        recompute: str) -> LayerTimeEstimate:
-    """Forward, backward and recompute time of one layer for one micro-batch on one TP rank."""
+def estimate_layer_time(shape: ModelShape, hw: Hardware, tp: int, mb: int, sp: bool, recompute: str,
+                        gemm_hw: Hardware | None = None, mlp: MlpTimes | None = None) -> LayerTimeEstimate:
+    """Forward, backward and recompute time of one layer for one micro-batch on one TP rank.
+
+    ``gemm_hw``: the rates the linear layers run at when they differ (FP8, estimate/precision.py);
+    ``mlp``: the MLP block when it is not the dense one (a MoE layer, estimate/moe.py)."""
     tokens = shape.seq_length * mb
-    mm_fwd = mm_bwd = 0.0
-    for n_out, k_in in _linear_shapes(shape, tp):
-        f, b = linear_times_s(tokens, n_out, k_in, hw)
-        mm_fwd, mm_bwd = mm_fwd + f, mm_bwd + b
+    mm_fwd, mm_bwd, _ = linears_time_s(tokens, attention_linear_shapes(shape, tp), gemm_hw or hw)
+    mlp = mlp or dense_mlp_times(shape, hw, tp, mb, gemm_hw)
     att_fwd, att_bwd, att_recompute = _attention_times_s(shape, hw, tp, mb)
     ew_fwd, ew_bwd = (b / hw.hbm_Bps for b in _memory_bound_bytes(shape, hw.dtype_bytes, tp, sp, mb))
-    fwd = mm_fwd + att_fwd + ew_fwd + KERNELS_FWD * hw.kernel_gap_s
-    bwd = mm_bwd + att_bwd + ew_bwd + KERNELS_BWD * hw.kernel_gap_s
+    fwd = mm_fwd + mlp.forward_s + att_fwd + ew_fwd + KERNELS_FWD * hw.kernel_gap_s
+    bwd = mm_bwd + mlp.backward_s + att_bwd + ew_bwd + KERNELS_BWD * hw.kernel_gap_s
     extra = {"none": 0.0, "selective": att_recompute, "full": fwd}[recompute]
-    return LayerTimeEstimate(forward_s=fwd, backward_s=bwd, recompute_s=extra, matmul_forward_s=mm_fwd,
-                             attention_forward_s=att_fwd, memory_bound_forward_s=ew_fwd)
+    return LayerTimeEstimate(forward_s=fwd, backward_s=bwd, recompute_s=extra,
+                             matmul_forward_s=mm_fwd + mlp.matmul_forward_s, attention_forward_s=att_fwd,
+                             memory_bound_forward_s=ew_fwd)
 
 
 @lru_cache(maxsize=16384)

@@ -9,7 +9,9 @@ is 3, giving 72*B*s*l*h^2 * (1 + s/(6h) + V/(12*l*h)) (note: V/(12lh), not V/(16
 
 The general form used for any model counts 2 FLOPs per multiply-add of every weight matrix per token (so
 GQA and gated MLPs are exact), attention scores and values 4*s*h per token per layer, and the logits;
-norms, biases and element-wise work are not counted (they are not matrix FLOPs). Attention is counted
+norms, biases and element-wise work are not counted (they are not matrix FLOPs). A MoE layer counts the
+weights a token passes through: attention, the router, its top-k experts and the shared expert (Megatron-Core
+MoE docs' model-FLOPs convention; :func:`~orchestrator.estimate.params.active_layer_matrix_params`). Attention is counted
 over the full s x s square, as eq. 3 does, even where a causal kernel skips the masked half.
 Selective recompute re-runs only the attention core (4*B*s^2*h per layer); full recompute re-runs the
 whole layer forward.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .params import ModelShape, layer_matrix_params
+from .params import ModelShape, active_layer_matrix_params
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ def narayanan_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int, 
 def layer_forward_flops(shape: ModelShape) -> tuple[float, float]:
     """(matrix FLOPs, attention-core FLOPs) of one layer's forward pass for one sequence."""
     s = shape.seq_length
-    return 2 * s * layer_matrix_params(shape), 4 * s * s * shape.hidden_size
+    return 2 * s * active_layer_matrix_params(shape), 4 * s * s * shape.q_size
 
 
 def estimate_flops(shape: ModelShape, global_batch: int, recompute: str = "none") -> FlopsEstimate:

@@ -24,6 +24,18 @@ from ..stages import StageSplit, stage_split
 
 
 @dataclass(frozen=True)
+class MoEShape:
+    """The MoE fields the cost model reads (model.moe)."""
+
+    num_experts: int
+    router_topk: int
+    expert_ffn: int
+    shared_ffn: int = 0
+    first_dense_layers: int = 0
+    capacity_factor: float | None = None
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """The resolved model fields the cost model reads (hashable, for caching)."""
 
@@ -40,10 +52,21 @@ class ModelShape:
     rmsnorm: bool = False
     learned_positions: bool = True
     bias: bool = True
+    kv_channels: int | None = None      # head dimension when it is not hidden / heads (Qwen3)
+    moe: MoEShape | None = None
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_size(self) -> int:
+        """Width of Q and of the attention output: heads * head_dim (= hidden without kv_channels)."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.num_layers - self.moe.first_dense_layers
 
     @property
     def kv_size(self) -> int:
@@ -63,7 +86,11 @@ def model_shape(spec: Spec) -> ModelShape:
         num_query_groups=m.num_query_groups, ffn_hidden_size=m.ffn_hidden_size, vocab_size=m.vocab_size,
         seq_length=m.seq_length, gated_mlp=m.gated_mlp, tie_embeddings=m.tie_embeddings,
         flash_attention=m.flash_attention, rmsnorm=m.normalization == "rmsnorm",
-        learned_positions=m.position_embedding == "learned", bias=m.add_bias_linear)
+        learned_positions=m.position_embedding == "learned", bias=m.add_bias_linear, kv_channels=m.kv_channels,
+        moe=None if m.moe is None else MoEShape(
+            num_experts=m.moe.num_experts, router_topk=m.moe.router_topk, expert_ffn=m.moe.ffn_hidden_size,
+            shared_ffn=m.moe.shared_expert_ffn_hidden_size, first_dense_layers=m.moe.first_dense_layers,
+            capacity_factor=m.moe.capacity_factor))
 
 
 @dataclass(frozen=True)
@@ -89,26 +116,82 @@ def _norm_params(shape: ModelShape) -> int:
     return shape.hidden_size * (1 if shape.rmsnorm else 2)
 
 
+def attention_matrix_params(shape: ModelShape) -> int:
+    """QKV (GQA) and output projection weights of one layer."""
+    h = shape.hidden_size
+    return h * (shape.q_size + 2 * shape.kv_size) + shape.q_size * h
+
+
+def mlp_matrix_params(shape: ModelShape, ffn: int) -> int:
+    return (3 if shape.gated_mlp else 2) * shape.hidden_size * ffn
+
+
 def layer_matrix_params(shape: ModelShape) -> int:
-    """Weights of the linear layers of one transformer layer (no biases, no norms)."""
-    h = shape.hidden_size
-    return h * (h + 2 * shape.kv_size) + h * h + (3 if shape.gated_mlp else 2) * h * shape.ffn_hidden_size
+    """Weights of the linear layers of one dense transformer layer (no biases, no norms)."""
+    return attention_matrix_params(shape) + mlp_matrix_params(shape, shape.ffn_hidden_size)
 
 
-def layer_params_per_rank(shape: ModelShape, tp: int) -> int:
-    """Parameters of one layer held by one tensor-parallel rank (replicated parts counted in full)."""
+def moe_layer_matrix_params(shape: ModelShape) -> tuple[int, int]:
+    """(weights every rank of the tp group shares out: attention, router, shared expert; routed experts)
+    of one MoE layer (Megatron-Core MoE: a router h x E, E expert MLPs, an optional shared expert)."""
+    moe = shape.moe
+    dense = attention_matrix_params(shape) + shape.hidden_size * moe.num_experts + \
+        mlp_matrix_params(shape, moe.shared_ffn)
+    return dense, moe.num_experts * mlp_matrix_params(shape, moe.expert_ffn)
+
+
+def active_layer_matrix_params(shape: ModelShape) -> float:
+    """Weights one token passes through per layer, averaged over the layers (MoE: top-k experts, the
+    router and the shared expert; dense layers: their MLP). What model FLOPs count."""
+    if shape.moe is None:
+        return layer_matrix_params(shape)
+    moe, n = shape.moe, shape.num_layers
+    dense, _ = moe_layer_matrix_params(shape)
+    active_moe = dense + moe.router_topk * mlp_matrix_params(shape, moe.expert_ffn)
+    return (moe.first_dense_layers * layer_matrix_params(shape) + shape.num_moe_layers * active_moe) / n
+
+
+def _bias_and_norms(shape: ModelShape, mlp_in_width: int) -> tuple[int, int]:
+    """(column-parallel biases, replicated norms and row-parallel biases) of one layer."""
     h = shape.hidden_size
-    sharded = layer_matrix_params(shape)
-    replicated = 2 * _norm_params(shape)
+    sharded, replicated = 0, 2 * _norm_params(shape)
     if shape.bias:
-        sharded += h + 2 * shape.kv_size + shape.mlp_in_width   # column-parallel biases
-        replicated += 2 * h                                       # row-parallel biases
-    return sharded // tp + replicated
+        sharded += shape.q_size + 2 * shape.kv_size + mlp_in_width
+        replicated += 2 * h
+    return sharded, replicated
+
+
+def layer_params_per_rank(shape: ModelShape, tp: int, ep: int = 1, etp: int = 1) -> int:
+    """Parameters of one layer held by one rank (replicated parts counted in full); MoE models: the mean
+    over their dense and MoE layers, routed experts sharded over ep x etp (MoE parallel folding)."""
+    bias, replicated = _bias_and_norms(shape, shape.mlp_in_width)
+    dense_layer = (layer_matrix_params(shape) + bias) // tp + replicated
+    if shape.moe is None:
+        return dense_layer
+    return int((shape.moe.first_dense_layers * dense_layer + shape.num_moe_layers * moe_layer_params_per_rank(
+        shape, tp, ep, etp)) / shape.num_layers)
+
+
+def moe_layer_params_per_rank(shape: ModelShape, tp: int, ep: int, etp: int) -> int:
+    dense, experts = moe_layer_matrix_params(shape)
+    _, replicated = _bias_and_norms(shape, 0)
+    return dense // tp + experts // (ep * etp) + replicated
 
 
 @lru_cache(maxsize=4096)
-def estimate_params(shape: ModelShape, tp: int = 1, pp: int = 1, split: StageSplit | None = None) -> ParamsEstimate:
-    """Parameter counts for a (tp, pp) split; ``split`` says how many layers each stage holds (None: even)."""
+def expert_params_per_layer_per_rank(shape: ModelShape, ep: int, etp: int) -> float:
+    """Routed-expert weights of one rank per layer (mean over the layers): what the expert-data-parallel
+    group (not the data-parallel one) reduces and shards."""
+    if shape.moe is None:
+        return 0.0
+    return moe_layer_matrix_params(shape)[1] / (ep * etp) * shape.num_moe_layers / shape.num_layers
+
+
+@lru_cache(maxsize=4096)
+def estimate_params(shape: ModelShape, tp: int = 1, pp: int = 1, split: StageSplit | None = None,
+                    ep: int = 1, etp: int = 1) -> ParamsEstimate:
+    """Parameter counts for a (tp, pp) split; ``split`` says how many layers each stage holds (None: even);
+    routed experts are sharded over ep x etp."""
     split = split or stage_split(shape.num_layers, pp)
     h, v = shape.hidden_size, padded_vocab_size(shape.vocab_size, tp)
     positions = shape.seq_length * h if shape.learned_positions else 0
@@ -116,7 +199,7 @@ def estimate_params(shape: ModelShape, tp: int = 1, pp: int = 1, split: StageSpl
     embedding = v * h + positions
     output = 0 if shape.tie_embeddings else v * h
     total = shape.num_layers * per_layer + embedding + _norm_params(shape) + output
-    layer_tp = layer_params_per_rank(shape, tp)
+    layer_tp = layer_params_per_rank(shape, tp, ep, etp)
     first = split.first * layer_tp + v * h // tp + positions
     # With pp > 1 a tied output layer keeps its own copy of the embedding on the last stage.
     head = v * h // tp if (not shape.tie_embeddings or pp > 1) else 0

@@ -6,6 +6,12 @@ RESIDUALS = {
         "rms": 0.92,
         "source": "CPU runs of tests/data/cpu-measured.json"
     },
+    "Context parallel": {
+        "mean_abs": 0.183,
+        "n": 4,
+        "rms": 0.212,
+        "source": "published H100 runs of tests/data/published-moe-cp-fp8.json"
+    },
     "DeepSpeed pipeline": {
         "mean_abs": 0.15,
         "n": 1,
@@ -13,15 +19,21 @@ RESIDUALS = {
         "source": "BigScience Workshop 2022"
     },
     "Megatron PTD-P": {
-        "mean_abs": 0.049,
-        "n": 10,
-        "rms": 0.058,
-        "source": "Narayanan et al. 2021"
+        "mean_abs": 0.056,
+        "n": 15,
+        "rms": 0.064,
+        "source": "Narayanan et al. 2021; published H100 runs of tests/data/published-moe-cp-fp8.json"
+    },
+    "MoE expert parallel": {
+        "mean_abs": 1.053,
+        "n": 6,
+        "rms": 2.041,
+        "source": "published H100 runs of tests/data/published-moe-cp-fp8.json"
     },
     "ZeRO-3 / FSDP": {
-        "mean_abs": 1.073,
-        "n": 3,
-        "rms": 1.192,
-        "source": "Narayanan et al. 2021"
+        "mean_abs": 0.892,
+        "n": 4,
+        "rms": 1.143,
+        "source": "Narayanan et al. 2021; published H100 runs of tests/data/published-moe-cp-fp8.json"
     }
 }

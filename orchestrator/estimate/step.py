@@ -15,24 +15,30 @@ An even split gives c_r = num_layers / p everywhere, as before.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..errors import Problem, SpecError
-from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
+from ..layout import FIELD_PATHS, Layout, check_layout
 from ..spec import Spec, default_engine, default_host_memory_GiB
-from ..stages import StageSplit
+from ..stages import StageSplit, stage_split
 from .activations import ActivationsEstimate, estimate_activations
-from .comm import (CommEstimate, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
+from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
                    ring_bytes, tensor_parallel_layer_comm)
-from .compute import embedding_time_s, estimate_layer_time, head_time_s, optimizer_step_s, straggler_factor
+from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
 from .engines import gathers_per_layer, grad_reduce_bytes
 from .flops import FlopsEstimate, estimate_flops
+from .context import rank_shape
 from .hardware import Hardware, hardware_for
-from .memory import (MemoryEstimate, busiest_stage, estimate_model_states, estimate_overheads, stage_memory,
-                     with_stage_totals)
-from .params import ModelShape, ParamsEstimate, estimate_params, model_shape
+from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
+from .moe import exposed_all_to_all_s, uses_ep_a2a_overlap
+from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
+                     stage_memory, with_stage_totals)
+from .params import ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank, model_shape
 from .pipeline import bubble_fraction, pipeline_time_s
+from .precision import fp8_saved_activation_bytes, fp8_weight_bytes, weight_cast_s
 from .uncertainty import layout_uncertainty, regime_of
 
 
@@ -47,6 +53,7 @@ class EstimateContext:
     precision: str
     engine: str                   # training.engine: megatron | deepspeed
     host_capacity_bytes: float    # host memory one process may fill with offloaded states
+    gpu: str = "h100-sxm"         # catalog key (FP8 GEMM rates)
 
     @classmethod
     def of(cls, spec: Spec, cost: CostModel | None = None) -> "EstimateContext":
@@ -56,7 +63,7 @@ class EstimateContext:
         return cls(shape=model_shape(spec), hw=hardware_for(spec, cost), cost=cost,
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=spec.training.engine or default_engine(c.gpu),
-                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node)
+                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu)
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,8 @@ class StepBreakdown:
     dp_exposed_s: float
     optimizer_s: float      # GPU Adam, or CPU-Adam + PCIe with offload
     offload_s: float        # ZeRO-3 parameter fetches from host (optimizer+params)
+    ep_exposed_s: float = 0.0   # expert all-to-all (dispatch and combine) on the slowest stage
+    cp_exposed_s: float = 0.0   # context-parallel K/V exchange not hidden behind attention
     engine_s: float = 0.0   # the runtime's own host work on the critical path (DeepSpeed: ZeRO-3 fetch hooks,
                             # the pipeline engine's per-micro-batch instructions)
     contention_s: float = 0.0   # compute slowed by the SMs (CPU: the core) hidden collectives occupy
@@ -139,11 +148,47 @@ def num_microbatches(ctx: EstimateContext, lay: Layout) -> int:
 
 
 def split_of(ctx: EstimateContext, lay: Layout) -> StageSplit:
-    return layout_split(ctx.shape.num_layers, lay)
+    return _split(ctx.shape.num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
+
+
+@lru_cache(maxsize=4096)
+def _split(num_layers: int, pp: int, first: int | None, last: int | None) -> StageSplit:
+    return stage_split(num_layers, pp, first, last)
 
 
 def params_of(ctx: EstimateContext, lay: Layout) -> ParamsEstimate:
-    return estimate_params(ctx.shape, lay.tp, lay.pp, split_of(ctx, lay))
+    return estimate_params(ctx.shape, lay.tp, lay.pp, split_of(ctx, lay), lay.ep, lay.etp)
+
+
+def layer_key(lay: Layout) -> LayerKey:
+    return LayerKey(tp=lay.tp, cp=lay.cp, ep=lay.ep, etp=lay.etp, mb=lay.micro_batch_size,
+                    sp=bool(lay.sequence_parallel), recompute=lay.recompute)
+
+
+def rank_layer_of(ctx: EstimateContext, lay: Layout) -> RankLayer:
+    """The mean transformer layer of one rank (MoE, context parallelism and FP8 composed in)."""
+    return rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, layer_key(lay))
+
+
+def grad_sync_size(lay: Layout) -> int:
+    """Ranks that hold the same dense weights and reduce their gradients: dp x cp (Megatron folds the
+    context-parallel ranks into the data-parallel gradient group)."""
+    return lay.dp * lay.cp
+
+
+def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> ModelStatesEstimate:
+    """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
+    expert = min(psi, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp)) \
+        if ctx.shape.moe is not None else 0.0
+    dense = estimate_model_states(psi - expert, grad_sync_size(lay), lay.zero_stage, lay.offload, ctx.precision)
+    if ctx.precision == "fp8":
+        dense = ModelStatesEstimate(dense.params_bytes + fp8_weight_bytes(psi), dense.grads_bytes,
+                                    dense.optimizer_bytes, dense.host_bytes)
+    if not expert:
+        return dense
+    experts = estimate_model_states(expert, lay.edp, lay.zero_stage, lay.offload, ctx.precision)
+    return ModelStatesEstimate(*(getattr(dense, f) + getattr(experts, f) for f in
+                                 ("params_bytes", "grads_bytes", "optimizer_bytes", "host_bytes")))
 
 
 def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None = None,
@@ -152,14 +197,15 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
     shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
     params = params or params_of(ctx, lay)
     acts = acts or _activations(ctx, lay, params)
-    groups = sum(n > 1 for n in (lay.tp, lay.dp, lay.pp)) + (lay.pp > 1 and shape.tie_embeddings)
-    candidates = [("first", params.first_stage_per_gpu, acts.first_stage_bytes),
-                  ("last", params.last_stage_per_gpu, acts.last_stage_bytes)]
+    groups = sum(n > 1 for n in (lay.tp, lay.dp, lay.pp, lay.cp, lay.ep)) + (lay.pp > 1 and shape.tie_embeddings)
+    split = split_of(ctx, lay)
+    candidates = [("first", params.first_stage_per_gpu, acts.first_stage_bytes, split.first),
+                  ("last", params.last_stage_per_gpu, acts.last_stage_bytes, split.last)]
     if lay.pp > 2:
-        candidates.append(("middle", params.middle_stage_per_gpu, acts.middle_stage_bytes))
+        candidates.append(("middle", params.middle_stage_per_gpu, acts.middle_stage_bytes, split.middle))
     stages = []
-    for name, psi, act in candidates:
-        states = estimate_model_states(psi, lay.dp, lay.zero_stage, lay.offload, ctx.precision)
+    for name, psi, act, layers in candidates:
+        states = model_states(ctx, lay, psi, layers)
         over = estimate_overheads(cost, num_groups=groups, dp=lay.dp, zero_stage=lay.zero_stage,
                                   local_grad_bytes=psi * hw.dtype_bytes,
                                   largest_layer_params=params.largest_layer_per_gpu, activations_bytes=act,
@@ -171,9 +217,29 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
 
 
 def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> ActivationsEstimate:
-    return estimate_activations(ctx.shape, lay.tp, lay.pp, lay.vpp, lay.sequence_parallel, lay.recompute,
-                                lay.micro_batch_size, num_microbatches(ctx, lay), params.padded_vocab_size,
-                                ctx.hw.dtype_bytes, split_of(ctx, lay))
+    """Activations of one rank: s/cp tokens per sequence (context parallelism), MoE layers' routed rows."""
+    acts = estimate_activations(rank_shape(ctx.shape, lay.cp), lay.tp, lay.pp, lay.vpp, lay.sequence_parallel,
+                                lay.recompute, lay.micro_batch_size, num_microbatches(ctx, lay),
+                                params.padded_vocab_size, ctx.hw.dtype_bytes, split_of(ctx, lay))
+    if ctx.shape.moe is None and ctx.precision != "fp8":
+        return acts
+    return _adjusted_activations(acts, ctx.shape, layer_key(lay), ctx.hw.dtype_bytes, ctx.precision)
+
+
+@lru_cache(maxsize=65536)
+def _adjusted_activations(acts: ActivationsEstimate, shape: ModelShape, key: LayerKey, dtype_bytes: int,
+                          precision: str) -> ActivationsEstimate:
+    """MoE layers' routed rows instead of a dense MLP's; FP8 GEMM inputs kept in fp8."""
+    extra = (moe_activation_scale(shape, key, acts.per_layer_bytes, dtype_bytes) - 1) * acts.per_layer_bytes
+    if precision == "fp8":
+        extra -= fp8_saved_activation_bytes(rank_shape(shape, key.cp), key.tp, key.sp, key.mb, key.recompute,
+                                            dtype_bytes)
+    if extra == 0:
+        return acts
+    return dataclasses.replace(
+        acts, first_stage_bytes=int(acts.first_stage_bytes + extra * acts.first_stage_layers_in_flight),
+        last_stage_bytes=int(acts.last_stage_bytes + extra * acts.last_stage_layers_in_flight),
+        middle_stage_bytes=int(acts.middle_stage_bytes + extra * acts.middle_stage_layers_in_flight))
 
 
 def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
@@ -192,7 +258,8 @@ def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
         tokens_per_s=ctx.global_batch * shape.seq_length / step, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / hw.peak_flops, hfu=flops.hardware_flops / (step * world) / hw.peak_flops,
         bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown,
-        uncertainty=layout_uncertainty(regime_of(ctx.engine, hw.name, lay.pp, lay.zero_stage),
+        uncertainty=layout_uncertainty(regime_of(ctx.engine, hw.name, lay.pp, lay.zero_stage,
+                                                 moe=shape.moe is not None, cp=lay.cp),
                                        calibrated=cost != CostModel()))
 
 
@@ -236,21 +303,25 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     m = num_microbatches(ctx, lay)
     full = lay.recompute == "full"
     gpn = hw.gpus_per_node
-    layer = estimate_layer_time(shape, hw, tp, mb, lay.sequence_parallel, lay.recompute)
-    tokens = shape.seq_length * mb
+    rl = rank_layer_of(ctx, lay)
+    layer = rl.time
+    rshape = rank_shape(shape, lay.cp)
+    tokens = rshape.seq_length * mb
     tp_pl = group_placement(tp, 1, gpn)
     tp_bytes, tp_s = tensor_parallel_layer_comm(tokens=tokens, hidden=shape.hidden_size, pl=tp_pl,
                                                 sp=bool(lay.sequence_parallel), full_recompute=full, hw=hw)
     tp_hidden = tp_overlap_fraction(cost, hw, lay)
     tp_exposed = (1 - tp_hidden) * tp_s
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
-    head = slow * head_time_s(shape, hw, tp, mb, params.padded_vocab_size)
-    emb = slow * embedding_time_s(shape, hw, tp, mb)
-    times = stage_times(split, slow * layer.total_s + tp_exposed, head, emb)
+    head = slow * head_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
+    emb = slow * embedding_time_s(rshape, hw, tp, mb)
+    overlap = uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp, lay.recompute)
+    ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap)
+    times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s, head, emb)
     slowest, mean, stage_layers = times.slowest_s, times.mean_s, times.slowest_layers
     pp_bytes = pp_s = x_exposed = emb_sync = 0.0
     if pp > 1:
-        inter = tp * dp * pp > gpn
+        inter = tp * lay.cp * dp * pp > gpn
         one_bytes, one_s = pipeline_transfer(tokens=tokens, hidden=shape.hidden_size, tp_pl=tp_pl,
                                              sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
         x = p2p_transfers_per_microbatch(ctx.engine, vpp) * one_s
@@ -266,13 +337,16 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                            p2p_s=x_exposed + host_mb)
     engine_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0
     reduce_layers = _layers_holding_most_params(split, params)
-    dp_work = DataParallelWork(
-        engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=params.per_gpu, param_bytes=hw.dtype_bytes,
-        grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
-        num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
-        backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
-    dp_comm = data_parallel_comm(dp_work, group_placement(dp, tp, gpn), cost.dp_overlap, hw)
+    def dp_work(elements: float) -> DataParallelWork:
+        return DataParallelWork(
+            engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=elements, param_bytes=hw.dtype_bytes,
+            grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
+            num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
+            backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
+    dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
+    if ctx.precision == "fp8":
+        optimizer_s += weight_cast_s(params.per_gpu, hw)
     fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m)
     engine_s += fetch_host_s
     tp_total = m * stage_layers * tp_s
@@ -283,13 +357,38 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
                         dp_reduce_s=dp_comm.reduce_s,
                         tp_exposed_s=(1 - tp_hidden) * tp_total,
-                        pp_exposed_s=m * x_exposed + emb_sync)
+                        pp_exposed_s=m * x_exposed + emb_sync,
+                        ep_bytes=m * stage_layers * rl.ep_bytes, ep_s=m * stage_layers * rl.ep_s,
+                        ep_exposed_s=m * stage_layers * ep_exposed,
+                        cp_bytes=m * stage_layers * rl.cp_bytes, cp_s=m * stage_layers * rl.cp_s,
+                        cp_exposed_s=m * stage_layers * rl.cp_exposed_s)
     fill = pipe - m * (slowest + x_exposed) - (engine_s - fetch_host_s)
-    breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * tp_exposed), bubble_s=fill,
+    breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * (tp_exposed + ep_exposed + rl.cp_exposed_s)),
+                              bubble_s=fill, ep_exposed_s=comm.ep_exposed_s, cp_exposed_s=comm.cp_exposed_s,
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s,
                               engine_s=engine_s, contention_s=contention)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+
+
+# Layouts that differ only in what the DP traffic does not see (interleaving, splits) share its cost.
+_data_parallel_comm = lru_cache(maxsize=65536)(data_parallel_comm)
+
+
+def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, layers: int) -> DataParallelComm:
+    """Gradient reduction (and parameter gathers) of a step: dense weights over dp x cp, routed experts over
+    the expert-data-parallel group (edp ranks, etp * ep apart: expert ranks are ordered etp -> ep -> edp).
+    ``work(elements)`` builds the DataParallelWork of that many parameters."""
+    gpn, cost, hw = ctx.hw.gpus_per_node, ctx.cost, ctx.hw
+    expert = min(elements, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp)) \
+        if ctx.shape.moe is not None else 0.0
+    dense = _data_parallel_comm(work(elements - expert), group_placement(grad_sync_size(lay), lay.tp, gpn),
+                                cost.dp_overlap, hw)
+    if not expert:
+        return dense
+    experts = _data_parallel_comm(work(expert), group_placement(lay.edp, lay.etp * lay.ep, gpn), cost.dp_overlap, hw)
+    return DataParallelComm(*(getattr(dense, f) + getattr(experts, f) for f in
+                              ("bytes", "time_s", "exposed_s", "reduce_s", "calls")))
 
 
 def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -> float:
@@ -333,7 +432,7 @@ def tp_overlap_fraction(cost: CostModel, hw: Hardware, lay: Layout) -> float:
 def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int) -> tuple[float, float]:
     """(optimizer step, per-step parameter fetch) time; offload runs Adam on the CPU over PCIe."""
     hw = ctx.hw
-    owned = stage_params / lay.dp if lay.zero_stage >= 1 else stage_params
+    owned = stage_params / grad_sync_size(lay) if lay.zero_stage >= 1 else stage_params
     if lay.offload == "none":
         return optimizer_step_s(owned, hw), 0.0
     pcie = 2 * hw.dtype_bytes * owned / hw.host_Bps          # gradients down, parameters up

@@ -11,7 +11,9 @@ Pure functions of the Plan, composed by :mod:`orchestrator.render.megatron`. Fla
   --moe-aux-loss-coeff``; top-1 routing also needs ``--moe-router-pre-softmax`` (TransformerConfig refuses
   top-1 without it). A capacity factor -> ``--moe-expert-capacity-factor`` with the ``probs`` drop policy
   (dropless otherwise); a shared expert -> ``--moe-shared-expert-intermediate-size``; leading dense layers
-  -> ``--moe-layer-freq`` as Megatron's list expression ``([0]*k+[1]*(L-k))``.
+  -> ``--moe-layer-freq`` as Megatron's list expression ``([0]*k+[1]*(L-k))``. Where Megatron allows it
+  (ep > 1, no full recompute, interleaving with pp > 1, on GPUs) ``--overlap-moe-expert-parallel-comm``:
+  the all-to-all of one micro-batch overlaps another's compute (the cost model assumes it then).
 * cp > 1 -> ``--context-parallel-size cp --cp-comm-type p2p`` (the ring exchange the cost model assumes).
 * fp8 -> ``--bf16 --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024
   --fp8-amax-compute-algo max``: E4M3 forward and E5M2 gradients with delayed scaling, Transformer
@@ -20,6 +22,7 @@ Pure functions of the Plan, composed by :mod:`orchestrator.render.megatron`. Fla
 """
 from __future__ import annotations
 
+from ..estimate.moe import uses_ep_a2a_overlap
 from ..plan import Plan
 
 DISPATCHER = "alltoall"
@@ -52,7 +55,15 @@ def moe_args(plan: Plan) -> list[str]:
         args += ["--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)]
     if moe.first_dense_layers:
         args += ["--moe-layer-freq", moe_layer_freq(plan.spec.model.num_layers, moe.first_dense_layers)]
+    if ep_overlap(plan):
+        args.append("--overlap-moe-expert-parallel-comm")   # what the cost model assumed (estimate/moe.py)
     return args
+
+
+def ep_overlap(plan: Plan) -> bool:
+    lay, t = plan.layout, plan.spec.training
+    return uses_ep_a2a_overlap(plan.spec.model.moe is not None, t.engine or "megatron", plan.spec.cluster.gpu,
+                               lay.ep, lay.pp, lay.vpp, lay.recompute)
 
 
 def context_args(plan: Plan) -> list[str]:
@@ -82,7 +93,7 @@ def moe_config(plan: Plan) -> dict:
               "expert_tensor_parallel_size": lay.etp, "moe_token_dispatcher_type": DISPATCHER,
               "moe_grouped_gemm": plan.spec.cluster.gpu != "cpu",
               "moe_router_load_balancing_type": LOAD_BALANCING, "moe_aux_loss_coeff": moe.aux_loss_coeff,
-              "moe_router_pre_softmax": moe.router_topk == 1}
+              "moe_router_pre_softmax": moe.router_topk == 1, "overlap_moe_expert_parallel_comm": ep_overlap(plan)}
     if moe.capacity_factor is not None:
         config |= {"moe_expert_capacity_factor": moe.capacity_factor, "moe_token_drop_policy": DROP_POLICY}
     if moe.shared_expert_ffn_hidden_size:

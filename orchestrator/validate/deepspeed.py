@@ -524,6 +524,7 @@ def validate_ds_config_file(path: str | os.PathLike, *, world_size: int | None, 
 
 def _deep_check(config: dict, world_size: int | None, model_parallel_size: int, path: str,
                 notes: list[str] | None) -> list[Problem]:
+    model_parallel_size *= _sequence_parallel_size(config)   # Ulysses ranks share the data-parallel batch
     target = world_size if world_size is not None else _implied_world_size(config, model_parallel_size)
     try:
         result = probe_ds_configs([ProbeRequest(config, target // model_parallel_size, path)])[0]

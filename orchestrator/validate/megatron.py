@@ -443,6 +443,8 @@ def config_from_args(args: MegatronArgs) -> dict:
         config["recompute_granularity"] = "selective"
     if "attention_backend" in config:
         config["attention_backend"] = "megatron.core.transformer.enums.AttnBackend." + config["attention_backend"]
+    if isinstance(config.get("cp_comm_type"), list) and len(config["cp_comm_type"]) == 1:
+        config["cp_comm_type"] = config["cp_comm_type"][0]   # as core_transformer_config_from_args does
     if isinstance(config.get("moe_layer_freq"), str):
         del config["moe_layer_freq"]   # a list expression: moe_config_from_args reads orch's form
     return config | moe_config_from_args(args)

@@ -8,6 +8,7 @@ tree (tests/tools/prepare_megatron_lm.sh DEST; see orchestrator/validate/megatro
 """
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -53,11 +54,20 @@ FIXED |= {
 # Megatron FSDP (ZeRO-2/3) with tp > 1: Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS is NOT 1.
 FSDP_TP = {**GPU8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 2, "parallelism.zero_stage": 2,
            "training.global_batch_size": 32}
-CASES = [f"example:{p.stem}" for p in sorted(EXAMPLES.glob("*.yaml"))] + sorted(FIXED)
+# Published MoE / context-parallel / FP8 H100 runs (issue 10), planned with their layouts fixed as published.
+PUBLISHED = ROOT / "tests" / "data" / "published-moe-cp-fp8.json"
+CASES = [f"example:{p.stem}" for p in sorted(EXAMPLES.glob("*.yaml"))] + sorted(FIXED) + \
+    [f"published:{c['id']}" for c in json.loads(PUBLISHED.read_text())]
 
 
 @lru_cache(maxsize=None)
 def plan_of(case: str):
+    if case.startswith("published:"):
+        from orchestrator.plan import build_plan
+        from orchestrator.published_layouts import layout_case_spec, load_layout_cases
+
+        [pub] = [c for c in load_layout_cases(PUBLISHED) if c["id"] == case.split(":", 1)[1]]
+        return build_plan(layout_case_spec(pub), top_k=1)
     if case.startswith("example:"):
         from orchestrator.plan import build_plan
         from orchestrator.spec import load_spec

@@ -1,0 +1,121 @@
+"""One rank's transformer layer for one micro-batch: the dense model's layer (estimate/compute.py) with the
+MoE block (estimate/moe.py), context parallelism's share of the sequence (estimate/context.py) and FP8
+GEMMs (estimate/precision.py) composed in. The step model (estimate/step.py) reads only this.
+
+A MoE model mixes dense and MoE layers (``first_dense_layers``): times and traffic are the mean over the
+layers, which is what a stage of ``c`` layers multiplies by c.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .compute import LayerTimeEstimate, attention_linear_shapes, estimate_layer_time, mlp_linear_shapes
+from .context import context_layer_comm, rank_shape, with_full_attention
+from .hardware import Hardware
+from .moe import expert_layer_comm, expert_work, moe_mlp_times
+from .params import ModelShape
+from .precision import cast_bytes_per_row, fp8_gemm_hardware
+
+
+@dataclass(frozen=True)
+class RankLayer:
+    """Mean per-layer time and traffic of one rank for one micro-batch."""
+
+    time: LayerTimeEstimate
+    ep_bytes: float = 0.0      # expert all-to-all (and etp) traffic
+    ep_s: float = 0.0          # its time (on the critical path: the alltoall dispatcher waits for it)
+    cp_bytes: float = 0.0      # context-parallel K/V ring
+    cp_s: float = 0.0
+    cp_exposed_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        """Compute plus the exposed expert and context-parallel exchanges."""
+        return self.time.total_s + self.ep_s + self.cp_exposed_s
+
+
+@dataclass(frozen=True)
+class LayerKey:
+    """The layout fields a layer's time depends on (hashable: the planner caches on it)."""
+
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    mb: int
+    sp: bool
+    recompute: str
+
+
+@lru_cache(maxsize=65536)
+def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: LayerKey) -> RankLayer:
+    rs = rank_shape(shape, key.cp)
+    gemm_hw = fp8_gemm_hardware(hw, gpu) if precision == "fp8" else None
+    dense = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw),
+                        _dense_cast_rows(rs, key), hw, gemm_hw)
+    layer, ep_bytes, ep_s = dense, 0.0, 0.0
+    if shape.moe is not None:
+        mlp = moe_mlp_times(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb, gemm_hw)
+        moe_layer = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw, mlp),
+                                _moe_cast_rows(shape, rs, key), hw, gemm_hw)
+        share = shape.num_moe_layers / shape.num_layers
+        layer = _mix(dense, moe_layer, share)
+        comm = expert_layer_comm(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb)
+        ep_bytes, ep_s = share * comm.bytes, share * comm.seconds
+    layer = with_full_attention(layer, shape, key.cp, hw.kernel_gap_s)
+    cp = context_layer_comm(shape, hw, key.tp, key.cp, key.mb, layer.attention_forward_s)
+    return RankLayer(time=layer, ep_bytes=ep_bytes, ep_s=ep_s, cp_bytes=cp.bytes, cp_s=cp.seconds,
+                     cp_exposed_s=cp.exposed_s)
+
+
+def _mix(dense: LayerTimeEstimate, moe: LayerTimeEstimate, share: float) -> LayerTimeEstimate:
+    """The mean of a dense and a MoE layer, ``share`` of the layers being MoE."""
+    return LayerTimeEstimate(**{f.name: (1 - share) * getattr(dense, f.name) + share * getattr(moe, f.name)
+                                for f in dataclasses.fields(LayerTimeEstimate)})
+
+
+def _dense_cast_rows(rs: ModelShape, key: LayerKey) -> list[tuple[float, list[tuple[int, int]]]]:
+    rows = rs.seq_length * key.mb
+    return [(rows, attention_linear_shapes(rs, key.tp) + mlp_linear_shapes(rs, rs.ffn_hidden_size, key.tp))]
+
+
+def _moe_cast_rows(shape: ModelShape, rs: ModelShape, key: LayerKey) -> list[tuple[float, list[tuple[int, int]]]]:
+    work = expert_work(shape, key.tp, key.cp, key.ep, key.etp, key.mb)
+    rows = [(rs.seq_length * key.mb, attention_linear_shapes(rs, key.tp)),
+            (work.routed_rows, mlp_linear_shapes(shape, shape.moe.expert_ffn, key.etp))]
+    if shape.moe.shared_ffn:
+        rows.append((rs.seq_length * key.mb, mlp_linear_shapes(shape, shape.moe.shared_ffn, key.tp)))
+    return rows
+
+
+def _with_casts(layer: LayerTimeEstimate, rows: list, hw: Hardware, gemm_hw: Hardware | None) -> LayerTimeEstimate:
+    """FP8: add the casts of every FP8 GEMM's inputs (forward) and output gradients (backward)."""
+    if gemm_hw is None:
+        return layer
+    fwd = bwd = 0.0
+    for n_rows, shapes in rows:
+        f, b = cast_bytes_per_row(shapes, hw.dtype_bytes)
+        fwd, bwd = fwd + n_rows * f, bwd + n_rows * b
+    fwd_s, bwd_s = fwd / hw.hbm_Bps, bwd / hw.hbm_Bps
+    recompute = layer.recompute_s + (fwd_s if layer.recompute_s >= layer.forward_s else 0.0)
+    return dataclasses.replace(layer, forward_s=layer.forward_s + fwd_s, backward_s=layer.backward_s + bwd_s,
+                               recompute_s=recompute, memory_bound_forward_s=layer.memory_bound_forward_s + fwd_s)
+
+
+def moe_activation_scale(shape: ModelShape, key: LayerKey, per_layer_bytes: float, dtype_bytes: int) -> float:
+    """Activation bytes of the mean layer over those of a dense one: a MoE layer stores its permuted tokens
+    and its experts' activations (routed rows) instead of a dense MLP's (Korthikanti's MLP terms)."""
+    if shape.moe is None or key.recompute == "full" or per_layer_bytes <= 0:
+        return 1.0
+    rs = rank_shape(shape, key.cp)
+    tokens = rs.seq_length * key.mb
+    e, moe = dtype_bytes, shape.moe
+    gated = 3 if shape.gated_mlp else 2
+    dense_mlp = e * tokens * gated * shape.ffn_hidden_size / key.tp
+    work = expert_work(shape, key.tp, key.cp, key.ep, key.etp, key.mb)
+    moe_mlp = e * work.routed_rows * (shape.hidden_size + gated * moe.expert_ffn / key.etp) + \
+        e * tokens * gated * moe.shared_ffn / key.tp
+    share = shape.num_moe_layers / shape.num_layers
+    return max(0.1, 1 + share * (moe_mlp - dense_mlp) / per_layer_bytes)

@@ -1,0 +1,169 @@
+"""Mixture-of-Experts: the MoE block of one layer on one rank, and its expert-parallel all-to-all.
+
+Sources: Megatron-Core MoE docs (``megatron/core/transformer/moe/README.md``: MoE parallel folding, the
+alltoall token dispatcher, grouped GEMM), Shazeer et al. 2017 (top-k gating), Fedus et al. 2021 (Switch
+Transformer: capacity factor, load-balancing loss), Rajbhandari et al. 2022 (DeepSpeed-MoE: expert groups
+inside the data-parallel ranks).
+
+Per micro-batch, a rank of the attention layout (tp x cp x dp) holds T = s*b/cp tokens, T/tp of them with
+sequence parallelism (required with MoE and tp > 1). Each token goes to router_topk experts. With ep x etp
+expert ranks per group and the alltoall dispatcher:
+
+* router: a T x h x E GEMM and a softmax / top-k over T x E scores (memory-bound);
+* permute and unpermute: the routed copies of the tokens are gathered into expert order and scattered
+  back: T*k rows of h, read and written, forward and backward;
+* dispatch and combine: two all-to-alls per layer forward, two backward, each sending a rank's
+  T*k*h*bytes*(ep-1)/ep (the share of the routed tokens whose expert lives elsewhere) over the expert
+  group, whose placement (one node or several) sets the bandwidth; with etp > 1 the etp ranks of an expert
+  also all-gather the tokens and reduce-scatter the results;
+* experts: the rank's E/ep local experts run as one grouped GEMM over its T*k*etp routed rows (balanced
+  routing), each expert's weights cut etp ways: per expert m = T*k*etp/(E/ep) rows;
+* the shared expert, if any, is a dense tensor-parallel MLP every token passes;
+* load imbalance: dropless routing lets the busiest rank receive more than the mean; every rank waits for
+  it in the combine, so expert compute and all-to-all time scale by ``DROPLESS_IMBALANCE``, or by at most
+  the capacity factor when tokens beyond capacity are dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .comm import NCCL_BASE_US, NCCL_HOP_US, US, Placement, all_gather_s, group_placement
+from .compute import (MlpTimes, activation_bytes, linear_times_s, linears_time_s, matmul_time_s, mlp_linear_shapes)
+from .hardware import Hardware
+from .params import ModelShape
+
+# Max over mean of the tokens the busiest expert rank receives with dropless routing and an auxiliary
+# load-balancing loss, after the early phase of training. Our estimate (not a fitted value): Switch-style
+# balancing losses keep per-expert loads within ~10-20% of the mean (Fedus et al. 2021, section 2.2 and
+# figure 7; Megatron-Core MoE docs recommend the aux loss for this); a rank holds E/ep experts, which
+# averages part of the per-expert spread out. Published NVIDIA MoE benchmarks force balance (1.0).
+DROPLESS_IMBALANCE = 1.1
+ROUTER_KERNELS = 6
+# With --overlap-moe-expert-parallel-comm (Megatron-Core MoE docs, "EP A2A overlap"; orch emits it when
+# Megatron allows it: ep > 1, no full recompute, interleaving when pp > 1) the dispatch / combine of one
+# micro-batch runs while another micro-batch's layer computes. As with the TP overlap, the SMs the
+# communication kernels take and the first transfer stay exposed: we take a quarter (our estimate).
+EP_A2A_OVERLAP = 0.75        # router GEMM, softmax, top-k, aux-loss, permute, unpermute (forward)
+
+
+@dataclass(frozen=True)
+class ExpertWork:
+    """How the MoE block of one layer lies on one rank for one micro-batch."""
+
+    tokens: int          # tokens this rank routes (after sequence parallelism and cp)
+    routed_rows: float   # routed (token, expert) rows this rank's experts process, with imbalance
+    local_experts: int
+    imbalance: float
+
+
+def load_imbalance(shape: ModelShape) -> float:
+    cf = shape.moe.capacity_factor
+    return DROPLESS_IMBALANCE if cf is None else min(DROPLESS_IMBALANCE, max(1.0, cf))
+
+
+def expert_work(shape: ModelShape, tp: int, cp: int, ep: int, etp: int, mb: int) -> ExpertWork:
+    moe = shape.moe
+    tokens = shape.seq_length * mb // (cp * tp)
+    imbalance = load_imbalance(shape)
+    rows = tokens * moe.router_topk * etp * imbalance
+    return ExpertWork(tokens=tokens, routed_rows=rows, local_experts=moe.num_experts // ep, imbalance=imbalance)
+
+
+@lru_cache(maxsize=16384)
+def moe_mlp_times(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, etp: int, mb: int,
+                  gemm_hw: Hardware | None = None) -> MlpTimes:
+    """The MoE block of one layer (router, permutation, grouped expert GEMMs, shared expert) on one rank,
+    all-to-all excluded. ``shape`` is the full-sequence shape; cp divides the tokens."""
+    moe, h, e = shape.moe, shape.hidden_size, hw.dtype_bytes
+    work = expert_work(shape, tp, cp, ep, etp, mb)
+    gemm = gemm_hw or hw
+    router_f, router_b = linear_times_s(work.tokens, moe.num_experts, h, hw)
+    route_bytes = 4 * work.tokens * moe.num_experts * 4          # fp32 scores: softmax and top-k, r/w
+    permute_bytes = 2 * 2 * e * work.tokens * moe.router_topk * h  # permute + unpermute, read + write
+    expert_f, expert_b = _grouped_expert_times(shape, gemm, work, etp)
+    act_f, act_b = activation_bytes(shape, e, work.routed_rows, moe.expert_ffn / etp)
+    fwd = router_f + expert_f + (route_bytes + permute_bytes + act_f) / hw.hbm_Bps
+    bwd = router_b + expert_b + (route_bytes + permute_bytes + act_b) / hw.hbm_Bps
+    fwd += (ROUTER_KERNELS + work.local_experts) * hw.kernel_gap_s
+    bwd += (ROUTER_KERNELS + 2 * work.local_experts) * hw.kernel_gap_s
+    mm = router_f + expert_f
+    if moe.shared_ffn:
+        sf, sb, smm = linears_time_s(work.tokens * tp, mlp_linear_shapes(shape, moe.shared_ffn, tp), gemm)
+        sa_f, sa_b = activation_bytes(shape, e, work.tokens * tp, moe.shared_ffn / tp)
+        fwd, bwd, mm = fwd + sf + sa_f / hw.hbm_Bps, bwd + sb + sa_b / hw.hbm_Bps, mm + smm
+    return MlpTimes(fwd, bwd, mm)
+
+
+def _grouped_expert_times(shape: ModelShape, hw: Hardware, work: ExpertWork, etp: int) -> tuple[float, float]:
+    """Forward and backward of the rank's local experts as grouped GEMMs (one batch of E/ep GEMMs each)."""
+    moe, h = shape.moe, shape.hidden_size
+    rows = max(1, round(work.routed_rows / work.local_experts))
+    n = work.local_experts
+    fwd = bwd = 0.0
+    for n_out, k_in in mlp_linear_shapes(shape, moe.expert_ffn, etp):
+        fwd += matmul_time_s(rows, n_out, k_in, hw, batch=n)
+        bwd += matmul_time_s(rows, k_in, n_out, hw, batch=n) + matmul_time_s(k_in, n_out, rows, hw, batch=n)
+    return fwd, bwd
+
+
+# --- the expert-parallel all-to-all ----------------------------------------------------------------
+
+def uses_ep_a2a_overlap(is_moe: bool, engine: str, gpu: str, ep: int, pp: int, vpp: int, recompute: str) -> bool:
+    """Megatron-Core's EP all-to-all overlap applies (TransformerConfig's conditions), on a GPU."""
+    return (is_moe and engine == "megatron" and gpu != "cpu" and ep > 1 and recompute != "full"
+            and (pp == 1 or vpp > 1))
+
+
+def exposed_all_to_all_s(ep_s: float, layer_compute_s: float, overlapped: bool) -> float:
+    """What the all-to-all of a layer adds to it: all of it, or with the overlap what the other
+    micro-batch's compute cannot cover (at least 1 - EP_A2A_OVERLAP of it)."""
+    if not overlapped:
+        return ep_s
+    return max(ep_s - EP_A2A_OVERLAP * layer_compute_s, (1 - EP_A2A_OVERLAP) * ep_s)
+
+
+def expert_group_placement(ep: int, etp: int, gpus_per_node: int) -> Placement:
+    """The ep group: expert ranks are ordered etp -> ep -> edp, so its members are etp ranks apart."""
+    return group_placement(ep, etp, gpus_per_node)
+
+
+def all_to_all_s(nbytes: float, pl: Placement, hw: Hardware) -> float:
+    """One all-to-all where each rank sends ``nbytes`` in total, spread evenly over the group: the share
+    bound for other nodes crosses at the per-GPU network bandwidth, the rest at the node's bus bandwidth;
+    NCCL runs it as concurrent send/recv pairs (one p2p latency, Simple protocol)."""
+    if pl.size <= 1:
+        return 0.0
+    remote = (pl.size - pl.per_node) / (pl.size - 1)
+    link = "net" if pl.num_nodes > 1 else hw.link
+    lat = (NCCL_BASE_US[("ring", "Simple")] + NCCL_HOP_US.get(link, NCCL_HOP_US["net"])[("ring", "Simple")]) * US \
+        if hw.link != "loopback" else 2 * hw.latency_s
+    intra = nbytes * (1 - remote) / hw.intra_Bps
+    inter = nbytes * remote / hw.inter_Bps if remote else 0.0
+    return lat + max(intra, inter)
+
+
+@dataclass(frozen=True)
+class ExpertComm:
+    """All-to-all (and expert-tensor-parallel) traffic of one MoE layer, one micro-batch, one rank."""
+
+    bytes: float
+    seconds: float
+
+
+@lru_cache(maxsize=16384)
+def expert_layer_comm(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, etp: int, mb: int) -> ExpertComm:
+    """Dispatch + combine, forward and backward (4 all-to-alls); with etp > 1 the etp all-gather of the
+    routed tokens and the reduce-scatter of their outputs, forward and backward."""
+    moe = shape.moe
+    work = expert_work(shape, tp, cp, ep, etp, mb)
+    routed_bytes = work.tokens * moe.router_topk * shape.hidden_size * hw.dtype_bytes
+    sent = routed_bytes * (ep - 1) / ep
+    seconds = 4 * work.imbalance * all_to_all_s(sent, expert_group_placement(ep, etp, hw.gpus_per_node), hw)
+    nbytes = 4 * sent
+    if etp > 1:
+        etp_pl = group_placement(etp, 1, hw.gpus_per_node)
+        gathered = routed_bytes * etp
+        seconds += 4 * work.imbalance * all_gather_s(gathered, etp_pl, hw)
+        nbytes += 4 * gathered * (etp - 1) / etp
+    return ExpertComm(bytes=nbytes, seconds=seconds)

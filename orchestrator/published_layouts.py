@@ -1,0 +1,53 @@
+"""Published MoE, context-parallel and FP8 runs (tests/data/published-moe-cp-fp8.json) as specs.
+
+Each case names a model preset, the cluster (DGX-H100: 8 GPUs per node), the batch and the layout as
+published (tp, pp, cp, virtual stages, ep, micro-batch; FSDP = 1 -> ZeRO-3, 0 -> Megatron's distributed
+optimizer, ZeRO-1), and the tokens/s per GPU reported. What the tables do not publish (recompute, expert
+tensor parallelism) stays open for the planner. Sources are in each case's ``source``.
+
+Llama 3.1 405B (126 layers) on pp 8 with 8 virtual stages ran with Megatron's
+--account-for-embedding/loss-in-pipeline-split (128 "layers"), which orch does not express: its spec takes
+the balanced uneven split and the largest virtual-stage count that split allows.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .spec import Spec, parse_spec
+from .stages import balanced_split
+
+GPUS_PER_NODE = 8
+
+
+def load_layout_cases(path: str | Path) -> list[dict]:
+    return json.loads(Path(path).read_text())
+
+
+def layout_case_spec(case: dict, *, published_layout: bool = True) -> Spec:
+    """The case as a spec on h100-sxm with the Megatron engine; its published layout fixed (or all open)."""
+    model = {"preset": case["preset"], "seq_length": case["seq"]}
+    if case.get("capacity_factor") is not None:
+        model["moe"] = {"capacity_factor": case["capacity_factor"]}
+    data = {"name": case["id"][:64], "model": model,
+            "cluster": {"gpu": "h100-sxm", "num_nodes": case["gpus"] // GPUS_PER_NODE,
+                        "gpus_per_node": GPUS_PER_NODE},
+            "training": {"global_batch_size": case["gbs"], "precision": case["precision"], "engine": "megatron"}}
+    if published_layout:
+        data["parallelism"] = _published_parallelism(case)
+    return parse_spec(data)
+
+
+def _published_parallelism(case: dict) -> dict:
+    par = {"tensor": case["tp"], "pipeline": case["pp"], "context": case["cp"], "virtual_pipeline": case["vp"],
+           "micro_batch_size": case["mbs"], "zero_stage": 3 if case["fsdp"] else 1,
+           "sequence_parallel": case["tp"] > 1, "offload": "none"}
+    if case.get("ep"):
+        par["expert"] = case["ep"]
+    from .catalog.models import preset_fields  # noqa: PLC0415
+    layers = preset_fields(case["preset"])["num_layers"]
+    if layers % case["pp"]:
+        vp = next(v for v in range(case["vp"], 0, -1) if balanced_split(layers, case["pp"], v) is not None)
+        first, last = balanced_split(layers, case["pp"], vp)
+        par.update(first_stage_layers=first, last_stage_layers=last, virtual_pipeline=vp)
+    return par
