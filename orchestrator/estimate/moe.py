@@ -19,17 +19,22 @@ expert ranks per group and the alltoall dispatcher:
 * experts: the rank's E/ep local experts run as one grouped GEMM over its T*k*etp routed rows (balanced
   routing), each expert's weights cut etp ways: per expert m = T*k*etp/(E/ep) rows;
 * the shared expert, if any, is a dense tensor-parallel MLP every token passes;
+* host launch floor: eager PyTorch launches every kernel from the host, and a MoE layer launches many
+  (router, dispatch, and per local expert its GEMMs and, in FP8, their casts). Dropless layers cannot run
+  from CUDA graphs and sync the host on the token counts, so a layer takes at least its host time
+  (:func:`moe_host_s`);
 * load imbalance: dropless routing lets the busiest rank receive more than the mean; every rank waits for
   it in the combine, so expert compute and all-to-all time scale by ``DROPLESS_IMBALANCE``, or by at most
   the capacity factor when tokens beyond capacity are dropped.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
 from .comm import NCCL_BASE_US, NCCL_HOP_US, US, Placement, all_gather_s, group_placement
-from .compute import (MlpTimes, activation_bytes, linear_times_s, linears_time_s, matmul_time_s, mlp_linear_shapes)
+from .compute import (KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, MlpTimes, activation_bytes, linear_times_s, linears_time_s, matmul_time_s, mlp_linear_shapes)
 from .hardware import Hardware
 from .params import ModelShape
 
@@ -45,6 +50,23 @@ ROUTER_KERNELS = 6
 # micro-batch runs while another micro-batch's layer computes. As with the TP overlap, the SMs the
 # communication kernels take and the first transfer stay exposed: we take a quarter (our estimate).
 EP_A2A_OVERLAP = 0.75        # router GEMM, softmax, top-k, aux-loss, permute, unpermute (forward)
+# Host time to launch one operator from eager PyTorch (Python, the ATen dispatcher, autograd bookkeeping,
+# cudaLaunchKernel): ~5-25 us per op on current stacks; we take 10 us (our estimate, not fitted). Megatron-
+# Core's MoE docs name the "CPU overhead bottleneck" of fine-grained MoE ("many small operations"; remedies:
+# CUDA graphs, router and permute fusion, fewer launches). A dropless MoE layer cannot be captured in a CUDA
+# graph (dynamic shapes: Megatron-Core MoE docs, "CUDA Graph") and its alltoall dispatcher and grouped GEMM
+# take the per-expert token splits as host tensors, a device-to-host sync every layer (Megatron-LM PR #3496,
+# "Inference Optimized MoEs"; TransformerEngine issue #2452), so the host cannot run ahead of the GPU.
+HOST_OP_S = 10e-6
+# Host operators of the token dispatch of one layer, forward: token counts and splits (with their D2H copy),
+# permute, sort by local expert, dispatch all-to-all, unsort, combine all-to-all, unpermute (our count of
+# Megatron-Core's MoEAlltoAllTokenDispatcher); backward runs as many.
+DISPATCH_HOST_OPS = 12
+# Per local expert: Transformer Engine's GroupedLinear on Hopper runs one GEMM per expert for each of the
+# two expert linears (forward), a data- and a weight-gradient GEMM each (backward); in FP8 each GEMM input
+# (forward) and output gradient (backward) is cast per expert first (TE GroupedLinear; TE issue #761: an FP8
+# linear costs the host over twice a BF16 one).
+EXPERT_HOST_OPS = {False: (2, 4), True: (4, 8)}   # fp8 -> (forward, backward) per local expert
 
 
 @dataclass(frozen=True)
@@ -105,6 +127,24 @@ def _grouped_expert_times(shape: ModelShape, hw: Hardware, work: ExpertWork, etp
         fwd += matmul_time_s(rows, n_out, k_in, hw, batch=n)
         bwd += matmul_time_s(rows, k_in, n_out, hw, batch=n) + matmul_time_s(k_in, n_out, rows, hw, batch=n)
     return fwd, bwd
+
+
+def moe_host_s(shape: ModelShape, ep: int, fp8: bool) -> tuple[float, float]:
+    """Host launch time of one MoE layer (attention, router, dispatch, local experts), forward and backward."""
+    local = shape.moe.num_experts // ep
+    per_f, per_b = EXPERT_HOST_OPS[fp8]
+    fwd = KERNELS_FWD + ROUTER_KERNELS + DISPATCH_HOST_OPS + per_f * local
+    bwd = KERNELS_BWD + 2 * (ROUTER_KERNELS + DISPATCH_HOST_OPS) + per_b * local
+    return fwd * HOST_OP_S, bwd * HOST_OP_S
+
+
+def with_host_floor(layer: LayerTimeEstimate, host_f: float, host_b: float) -> LayerTimeEstimate:
+    """A layer that cannot run faster than the host launches it (a recomputed forward as its forward)."""
+    fwd, bwd = max(layer.forward_s, host_f), max(layer.backward_s, host_b)
+    if fwd == layer.forward_s and bwd == layer.backward_s:
+        return layer
+    recompute = layer.recompute_s * fwd / layer.forward_s if layer.forward_s > 0 else layer.recompute_s
+    return dataclasses.replace(layer, forward_s=fwd, backward_s=bwd, recompute_s=recompute)
 
 
 # --- the expert-parallel all-to-all ----------------------------------------------------------------

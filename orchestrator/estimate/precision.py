@@ -58,5 +58,17 @@ def fp8_saved_activation_bytes(shape, tp: int, sp: bool, mb: int, recompute: str
     return replicated + parallel
 
 
+def fp8_saved_moe_mlp_bytes(moe_rows: float, h: int, expert_ffn: float, dense_rows: int, ffn: int, tp: int,
+                            sp: bool, dtype_bytes: int) -> float:
+    """What a MoE layer's MLP saves in FP8 beyond what :func:`fp8_saved_activation_bytes` counts for the
+    dense MLP it replaces: the grouped expert linears keep their inputs (the ``moe_rows`` routed token
+    copies, h wide, and the expert activations, expert_ffn wide) in fp8 (Transformer Engine GroupedLinear;
+    Megatron-Core MoE docs, "FP8 Training": linear layer inputs stored in FP8), not the dense fc1 and fc2
+    inputs of ``dense_rows`` tokens."""
+    per = dtype_bytes - FP8_BYTES
+    dense = per * dense_rows * (h / (tp if sp else 1) + ffn / tp)
+    return per * moe_rows * (h + expert_ffn) - dense
+
+
 def fp8_weight_bytes(local_params: float) -> float:
     return FP8_WEIGHT_COPY_BYTES * local_params

@@ -33,12 +33,12 @@ from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .hardware import Hardware, hardware_for
 from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
-from .moe import exposed_all_to_all_s, uses_ep_a2a_overlap
+from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
 from .params import ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank, model_shape
 from .pipeline import bubble_fraction, pipeline_time_s
-from .precision import fp8_saved_activation_bytes, fp8_weight_bytes, weight_cast_s
+from .precision import fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
 from .uncertainty import layout_uncertainty, regime_of
 
 
@@ -232,8 +232,13 @@ def _adjusted_activations(acts: ActivationsEstimate, shape: ModelShape, key: Lay
     """MoE layers' routed rows instead of a dense MLP's; FP8 GEMM inputs kept in fp8."""
     extra = (moe_activation_scale(shape, key, acts.per_layer_bytes, dtype_bytes) - 1) * acts.per_layer_bytes
     if precision == "fp8":
-        extra -= fp8_saved_activation_bytes(rank_shape(shape, key.cp), key.tp, key.sp, key.mb, key.recompute,
-                                            dtype_bytes)
+        rs = rank_shape(shape, key.cp)
+        extra -= fp8_saved_activation_bytes(rs, key.tp, key.sp, key.mb, key.recompute, dtype_bytes)
+        if shape.moe is not None and key.recompute != "full":
+            work = expert_work(shape, key.tp, key.cp, key.ep, key.etp, key.mb)
+            extra -= shape.num_moe_layers / shape.num_layers * fp8_saved_moe_mlp_bytes(
+                work.routed_rows, shape.hidden_size, shape.moe.expert_ffn / key.etp, rs.seq_length * key.mb,
+                shape.ffn_hidden_size, key.tp, key.sp, dtype_bytes)
     if extra == 0:
         return acts
     return dataclasses.replace(

@@ -8,7 +8,8 @@ import statistics
 import pytest
 
 from orchestrator.estimate.context import attention_scale, context_layer_comm
-from orchestrator.estimate.moe import all_to_all_s, expert_work
+from orchestrator.estimate.layer import LayerKey, rank_layer
+from orchestrator.estimate.moe import all_to_all_s, expert_work, moe_host_s
 from orchestrator.estimate.params import active_layer_matrix_params, estimate_params, model_shape
 from orchestrator.estimate.step import EstimateContext, estimate, estimate_layout
 from orchestrator.layout import layout_from_spec
@@ -94,6 +95,30 @@ def test_fp8_is_faster_than_bf16_and_costs_a_weight_copy():
     assert fp8.memory.params_bytes - bf16.memory.params_bytes == pytest.approx(8.03e9, rel=0.02)
 
 
+def test_fine_grained_moe_layer_takes_at_least_its_host_launch_time():
+    """128 experts on few expert ranks: a layer launches per local expert GEMMs (and FP8 casts) from the
+    host; it cannot run faster than that, and spreading the experts over more ranks shortens it."""
+    s = spec("qwen3-30b-a3b", nodes=1)
+    ctx = EstimateContext.of(s)
+    key = LayerKey(tp=1, cp=1, ep=1, etp=1, mb=1, sp=False, recompute="none")
+    host_f, host_b = moe_host_s(ctx.shape, 1, True)
+    assert host_f > 1e-3 and moe_host_s(ctx.shape, 8, True)[0] < host_f / 4
+    layer = rank_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key).time
+    assert layer.forward_s >= host_f * 0.99 and layer.backward_s >= host_b * 0.99
+
+
+def test_fp8_keeps_routed_expert_inputs_in_fp8_so_nvidias_layout_fits_without_recompute():
+    """Megatron-Bridge's Qwen3-30B-A3B H100 FP8 recipe runs pp 2, vp, ep 8, mb 2 with recompute off: the
+    grouped expert linears keep their inputs (the routed token copies) in fp8."""
+    case = next(c for c in CASES if c["id"] == "mbridge2511_qwen3_30b_a3b_fp8")
+    data = _data(layout_case_spec(case))
+    data["parallelism"].update(recompute="none", expert_tensor=1)
+    fp8 = parse_spec(data)
+    bf16 = parse_spec({**data, "training": {**data["training"], "precision": "bf16"}})
+    mem8, mem16 = (estimate_layout(x, layout_from_spec(x)).memory for x in (fp8, bf16))
+    assert mem8.fits and mem16.activations_bytes - mem8.activations_bytes > 8 * 2**30
+
+
 def _data(s):
     from orchestrator.spec import spec_to_data
     return spec_to_data(s)
@@ -129,8 +154,8 @@ def _errors(group: str) -> list[float]:
 @pytest.mark.parametrize("group", ["fp8-dense", "context"])
 def test_dense_fp8_and_context_parallel_runs_within_the_issue_tolerance(group):
     """Mean |error| <= 20% and every case <= 30% (issue 10). The MoE group does not meet it yet: see
-    benchmarks/moe_cp_fp8_accuracy.py and the report (Qwen3-30B-A3B dropless runs are 2-5x slower than
-    the physics here predicts, while NVIDIA's token-drop run of the same layout is within 2%)."""
+    benchmarks/moe_cp_fp8_accuracy.py (NVIDIA's Qwen3-30B-A3B FP8 runs are 1.4x (token-drop) to 2.9x
+    (dropless) slower than the physics here predicts; Qwen3-235B-A22B within 6%)."""
     errors = _errors(group)
     assert statistics.mean(errors) <= 0.20 and max(errors) <= 0.30, errors
 
