@@ -6,8 +6,9 @@ optimizer, ZeRO-1), and the tokens/s per GPU reported. What the tables do not pu
 tensor parallelism) stays open for the planner. Sources are in each case's ``source``.
 
 Llama 3.1 405B (126 layers) on pp 8 with 8 virtual stages ran with Megatron's
---account-for-embedding/loss-in-pipeline-split (128 "layers"), which orch does not express: its spec takes
-the balanced uneven split and the largest virtual-stage count that split allows.
+--account-for-embedding/loss-in-pipeline-split (128 "layers"): its spec sets
+parallelism.account_for_embedding_loss where that split exists for the published pp and virtual stages, and
+otherwise takes the balanced uneven split with the largest virtual-stage count that split allows.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import json
 from pathlib import Path
 
 from .spec import Spec, parse_spec
-from .stages import balanced_split
+from .stages import accounted_split, balanced_split
 
 GPUS_PER_NODE = 8
 
@@ -46,7 +47,10 @@ def _published_parallelism(case: dict) -> dict:
         par["expert"] = case["ep"]
     from .catalog.models import preset_fields  # noqa: PLC0415
     layers = preset_fields(case["preset"])["num_layers"]
-    if layers % case["pp"]:
+    accounted = accounted_split(layers, case["pp"])
+    if layers % case["pp"] and accounted is not None and ((layers + 2) // case["pp"]) % case["vp"] == 0:
+        par["account_for_embedding_loss"] = True
+    elif layers % case["pp"]:
         vp = next(v for v in range(case["vp"], 0, -1) if balanced_split(layers, case["pp"], v) is not None)
         first, last = balanced_split(layers, case["pp"], vp)
         par.update(first_stage_layers=first, last_stage_layers=last, virtual_pipeline=vp)
