@@ -86,6 +86,8 @@ def test_wandb_offline_run_matches_metrics(zero2_wandb_run):
         for name, value in record.items():
             if value is None:
                 assert row.get(name) is None
+            elif isinstance(value, str):       # e.g. slowest_host
+                assert row[name] == value, name
             else:
                 assert row[name] == pytest.approx(value, rel=1e-12), name
     assert summary["name"] == "tiny" and summary["project"] == "orch"

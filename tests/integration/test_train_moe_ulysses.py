@@ -43,9 +43,12 @@ def launch_wait(run_dir: Path) -> str:
 
 
 def resume_from(reference: Path, copy: Path, step: int) -> list[dict]:
-    """A copy of the finished run pointed back at its step-``step`` checkpoint, trained to the end again."""
+    """A copy of the finished run with its checkpoints after ``step`` removed (resume takes the newest intact
+    one, whatever ``latest`` says), trained to the end again."""
     shutil.copytree(reference, copy, ignore=shutil.ignore_patterns("wandb", "logs", "job.json"))
     ckpt = checkpoint.checkpoint_dir(copy, _spec(copy))
+    for later in (s for s in checkpoint.saved_steps(ckpt) if s > step):
+        shutil.rmtree(ckpt / checkpoint.tag_for(later))
     checkpoint.write_latest(ckpt, step)
     proc = train(copy, env=job_env(WANDB_MODE="disabled"))
     assert f"(step {step}); dropped {STEPS - step} metrics record(s)" in proc.stderr

@@ -205,8 +205,9 @@ def test_validating_several_run_dirs_asks_each_library_once_and_says_what_it_doe
         calls["deepspeed"] += 1
         return real_probe(*args, **kw)
 
-    def child(request, *args, **kw):
-        calls["megatron"] += request.get("mode") == "batch"
+    def child(request, *args, **kw):   # Megatron-Core's config check; Megatron-LM's own (ORCH_MEGATRON_LM) is apart
+        calls["megatron"] += request.get("mode") == "batch" and all(
+            r.get("mode") == "core-config" for r in request.get("requests", ()))
         return real_child(request, *args, **kw)
 
     monkeypatch.setattr(_ds_probe, "_run_probe", probe)
