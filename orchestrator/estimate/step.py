@@ -389,13 +389,22 @@ def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, lay
     gpn, cost, hw = ctx.hw.gpus_per_node, ctx.cost, ctx.hw
     expert = min(elements, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp)) \
         if ctx.shape.moe is not None else 0.0
+    overlap = dp_overlap_fraction(cost, hw)
     dense = _data_parallel_comm(work(elements - expert), group_placement(grad_sync_size(lay), lay.tp, gpn),
-                                cost.dp_overlap, hw)
+                                overlap, hw)
     if not expert:
         return dense
-    experts = _data_parallel_comm(work(expert), group_placement(lay.edp, lay.etp * lay.ep, gpn), cost.dp_overlap, hw)
+    experts = _data_parallel_comm(work(expert), group_placement(lay.edp, lay.etp * lay.ep, gpn), overlap, hw)
     return DataParallelComm(*(getattr(dense, f) + getattr(experts, f) for f in
                               ("bytes", "time_s", "exposed_s", "reduce_s", "calls")))
+
+
+def dp_overlap_fraction(cost: CostModel, hw: Hardware) -> float:
+    """Share of a compute window that DP collectives hide behind. None on CPU processes: DeepSpeed's CPU
+    accelerator is a synchronized device (deepspeed/accelerator/cpu_accelerator.py is_synchronized_device()
+    is True; its streams are no-ops), so overlap_comm's side stream runs each gloo collective inline on the
+    rank's own thread, and every core already computes for a rank (OMP_NUM_THREADS=1 per rank, torchrun)."""
+    return 0.0 if hw.link == "loopback" else cost.dp_overlap
 
 
 def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -> float:
