@@ -1,15 +1,22 @@
 """Host overheads of DeepSpeed's engine, measured: per ZeRO-3 module fetch and per pipeline micro-batch.
 
-    torchrun --nproc_per_node 2 benchmarks/ds_host_overhead.py MODE K GAS      (MODE: z0 | z3 | pipe)
+    torchrun --nproc_per_node 2 benchmarks/ds_host_overhead.py MODE K GAS   (MODE: z0 | z3 | z3p | z3off | pipe)
 
 A model of K Linear(8, 8) modules does next to no arithmetic, so a step's time is the engine's own work.
 ZeRO-3 fetches every module's parameters in the forward and again in the backward (persistence threshold
 0): (t(z3, K=32) - t(z0, K=32) - (t(z3, K=2) - t(z0, K=2))) / (2 * 30) is the host time of one module
 fetch (CostModel.zero3_fetch_host_s). DeepSpeed's pipeline engine with 2 stages: (t(gas=9) - t(gas=1)) / 8
-is the host time of one micro-batch's instructions (CostModel.pipeline_microbatch_host_s). Prints the
+is the host time of one micro-batch's instructions (CostModel.pipeline_microbatch_host_s). z3off is z3 with
+the optimizer offloaded to the CPU (offload_optimizer device cpu): (t(z3off, K=32) - t(z3, K=32) - (t(z3off,
+K=2) - t(z3, K=2))) / (2 * 30) is the offload path's host time per parameter tensor and step (K Linear
+modules hold 2K tensors: weight and bias; CostModel.offload_tensor_host_s). z3p persists every parameter
+(ZeRO-3's module hooks run but gather nothing): (t(z3p, K=32) - t(z0, K=32) - (t(z3p, K=2) - t(z0, K=2))) /
+(2 * 30) is the host time of one hook pass over a module whose parameters stay resident (norms, biases). Prints the
 minimum, first quartile and median of 30 steps after 10 warm-up steps; take the minimum on a busy machine.
 Measured on the CPU target (2 cores, others working, 2026-12-01): z0 K=32 6.6 ms, z3 K=32 47.8 ms, z0 K=2
 1.9 ms, z3 K=2 4.6 ms -> 0.64 ms per fetch; pipe gas=1 2.8 ms, gas=9 11.4 ms -> 1.08 ms per micro-batch.
+Again at 02:30 UTC (load average ~3, minimum): z0 K=2 2.21, K=32 4.15; z3 K=2 5.73, K=32 42.64 (0.58 ms per
+fetch); z3off K=2 5.16, K=32 45.91 -> 0.064 ms per parameter tensor; pipe gas=1 2.35, gas=9 8.50 (0.77 ms).
 """
 import os, sys, time, statistics, torch, deepspeed
 import torch.distributed as dist
@@ -22,6 +29,11 @@ cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": gas, 
        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
        "zero_optimization": {"stage": 3 if mode == "z3" else 0, "stage3_param_persistence_threshold": 0,
                              "stage3_prefetch_bucket_size": 1, "overlap_comm": True}}
+if mode == "z3p":     # every parameter persistent: ZeRO-3's hooks run, but gather nothing
+    cfg["zero_optimization"].update(stage=3, stage3_param_persistence_threshold=10**9)
+if mode == "z3off":
+    cfg["zero_optimization"]["stage"] = 3
+    cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
 if mode == "pipe":
     cfg["zero_optimization"] = {"stage": 0}
     model = PipelineModule(layers=layers, num_stages=2, loss_fn=lambda y, t: ((y - t) ** 2).mean())

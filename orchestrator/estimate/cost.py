@@ -89,15 +89,36 @@ class CostModel:
     # all-gather call and its wait, the release after use), on the critical path: the hook blocks the thread
     # that launches the next kernels. Measured with benchmarks/ds_host_overhead.py on the CPU target.
     zero3_fetch_host_s: float = 0.64e-3
+    # Host time of one ZeRO-3 hook pass over a module whose parameters stay resident (under
+    # stage3_param_persistence_threshold: the norms): the hook gathers nothing, so on a GPU it runs ahead of
+    # the kernel queue and hides; where the host is the device (the CPU target) it is in series with the math.
+    # benchmarks/ds_host_overhead.py z3p vs z0 (minimum of 30 steps, 2026-12-01 02:35 UTC, load ~1.3):
+    # z3p K=2 4.11, K=32 25.68; z0 K=2 1.63, K=32 4.34 ms -> (21.34 - 2.48) / 60 = 0.31 ms.
+    zero3_resident_hook_host_s: float = 0.31e-3
     # Host time of one micro-batch in DeepSpeed's pipeline engine (its instruction interpreter runs
     # LoadMicroBatch, Forward/BackwardPass and the blocking Send/Recv instructions one by one).
     # Measured with benchmarks/ds_host_overhead.py on the CPU target.
     pipeline_microbatch_host_s: float = 1.08e-3
+    # Fixed host time of one DeepSpeed training step where the host is the device (the CPU target): the
+    # engine's step bookkeeping (gradient-norm and clipping, scheduler, zeroing, the loss all_reduce's launch)
+    # runs on the rank's only core, in series with the math; on a GPU it runs ahead of the asynchronous
+    # kernel queue and hides. Measured with benchmarks/ds_host_overhead.py z0 K=2 gas=1 (a whole step of two
+    # Linear(8, 8): next to no arithmetic), minimum of 30 steps: 1.9 ms and 2.2 ms on two days.
+    ds_step_host_s: float = 2.0e-3
     # --- offload ----------------------------------------------------------------------------------
     # DeepSpeed CPU-Adam throughput per GPU process (parameters updated per second). ZeRO-Offload
     # (Ren et al. 2021, arXiv 2101.06840) reports ~1B-parameter steps in a few tenths of a second on a
     # full server; one of 8 processes per node gets its share of the cores.
     cpu_adam_params_per_s: float = 1.5e9
+    # Host time per parameter tensor and step of DeepSpeed's optimizer-offload path: with offload_optimizer
+    # ZeRO copies each gradient into its host fp32 partition and computes its norm tensor by tensor in
+    # Python (stage3.py / stage_1_and_2.py: the per-parameter loops of partition_grads and
+    # complete_grad_norm_calculation_for_cpu_offload), and copies the updated partition back, on the critical
+    # path. Measured with benchmarks/ds_host_overhead.py (z3off vs z3, minimum of 30 steps) on the CPU target,
+    # 2026-12-01 02:30 UTC, load average ~3: z3 K=2 5.73 ms, K=32 42.64 ms; z3off K=2 5.16 ms, K=32 45.91 ms
+    # -> (3.27 + 0.57) / 60 = 0.064 ms per tensor. Small: offload on the CPU target costs little time, and
+    # frees nothing (the host is the device), so the planner never picks it there (planner._offload_options).
+    offload_tensor_host_s: float = 0.064e-3
     # --- memory overheads (bytes, per GPU) --------------------------------------------------------
     # CUDA context, cuBLAS/cuDNN workspaces and loaded kernels: ~0.5-1 GiB on A100/H100 with PyTorch.
     cuda_context_bytes: int = 1 * GiB

@@ -46,6 +46,13 @@ def gathers_per_layer(engine: str) -> int:
     return MEGATRON_FSDP_GATHERS_PER_LAYER if engine == "megatron" else DS_GATHERS_PER_LAYER
 
 
+def param_tensors_per_layer(bias: bool, rmsnorm: bool) -> int:
+    """Parameter tensors of one transformer layer: 4 linear modules (QKV, attention output, MLP in, MLP out),
+    weight and bias each, and 2 norms (weight and bias; RMSNorm only a weight). DeepSpeed's offload path
+    walks them one by one in Python (CostModel.offload_tensor_host_s)."""
+    return DS_GATHERS_PER_LAYER * (2 if bias else 1) + 2 * (1 if rmsnorm else 2)
+
+
 def grad_reduce_bytes(engine: str, precision: str, dtype_bytes: int) -> int:
     """Bytes per gradient element on the wire: Megatron reduces bf16 gradients in fp32."""
     return 4 if engine == "megatron" and precision == "bf16" else dtype_bytes

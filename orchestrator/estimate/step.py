@@ -28,7 +28,7 @@ from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, 
                    ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import gathers_per_layer, grad_reduce_bytes
+from .engines import gathers_per_layer, grad_reduce_bytes, param_tensors_per_layer
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .hardware import Hardware, hardware_for
@@ -352,6 +352,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
+    step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.link == "loopback" else 0.0
+    engine_s += offload_host_s(ctx, lay, reduce_layers) + step_host_s
     if ctx.precision == "fp8":
         optimizer_s += weight_cast_s(params.per_gpu, hw)
     fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m)
@@ -359,7 +361,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     tp_total = m * stage_layers * tp_s
     hidden_comm = (dp_comm.time_s - dp_comm.exposed_s) + tp_hidden * tp_total
     contention = min(1.0, cost.comm_channels / hw.num_sms) * hidden_comm
-    step = pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s + contention
+    step = (pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s + contention
+            + offload_host_s(ctx, lay, reduce_layers) + step_host_s)
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
                         dp_reduce_s=dp_comm.reduce_s,
@@ -369,7 +372,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                         ep_exposed_s=m * stage_layers * ep_exposed,
                         cp_bytes=m * stage_layers * rl.cp_bytes, cp_s=m * stage_layers * rl.cp_s,
                         cp_exposed_s=m * stage_layers * rl.cp_exposed_s)
-    fill = pipe - m * (slowest + x_exposed) - (engine_s - fetch_host_s)
+    fill = pipe - m * (slowest + x_exposed) - (engine_s - fetch_host_s - offload_host_s(ctx, lay, reduce_layers) - step_host_s)
     breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * (tp_exposed + ep_exposed + rl.cp_exposed_s)),
                               bubble_s=fill, ep_exposed_s=comm.ep_exposed_s, cp_exposed_s=comm.cp_exposed_s,
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
@@ -409,11 +412,26 @@ def dp_overlap_fraction(cost: CostModel, hw: Hardware) -> float:
 
 def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -> float:
     """DeepSpeed ZeRO-3's host time per step: one hook-driven fetch per module (estimate/engines.py) in
-    every forward, recomputed forward and backward of every micro-batch."""
+    every forward, recomputed forward and backward of every micro-batch; where the host is the device (CPU),
+    also the hooks of the resident norm modules (CostModel.zero3_resident_hook_host_s)."""
     if ctx.engine != "deepspeed" or lay.zero_stage != 3 or lay.dp <= 1:
         return 0.0
     passes = 3 if lay.recompute == "full" else 2
-    return m * passes * (layers * gathers_per_layer("deepspeed") + 1) * ctx.cost.zero3_fetch_host_s
+    fetches = m * passes * (layers * gathers_per_layer("deepspeed") + 1) * ctx.cost.zero3_fetch_host_s
+    if ctx.hw.link != "loopback":
+        return fetches
+    norms = 2 * layers + 1                                            # + the final norm; resident, hooks run
+    return fetches + m * passes * norms * ctx.cost.zero3_resident_hook_host_s
+
+
+def offload_host_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
+    """DeepSpeed's optimizer-offload host time per step: one pass over the rank's parameter tensors (the
+    stage's layers, plus the embeddings and the final norm)."""
+    if ctx.engine != "deepspeed" or lay.offload == "none":
+        return 0.0
+    shape = ctx.shape
+    tensors = layers * param_tensors_per_layer(shape.bias, shape.rmsnorm) + 2 + (1 if shape.rmsnorm else 2)
+    return tensors * ctx.cost.offload_tensor_host_s
 
 
 def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
