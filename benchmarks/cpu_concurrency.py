@@ -1,10 +1,11 @@
 """What one CPU training process sustains while the other rank computes too (the `cpu` catalog target).
 
-    .venv/bin/python benchmarks/cpu_concurrency.py
+    .venv/bin/python benchmarks/cpu_concurrency.py [KIND ...]      (KIND: matmul copy model gloo; default all)
 
 Runs the same single-threaded work (torch.set_num_threads(1), as torchrun's OMP_NUM_THREADS=1 gives each
 rank) in 1 process, then in 2 processes at once, and prints each process's rate: an fp32 matmul at the
-tiny-gpt shapes (GFLOP/s) and a memory-bound copy (GB/s read + written); then gloo all_reduce between the
+tiny-gpt shapes (GFLOP/s), a memory-bound copy (GB/s read + written) and orch's trainer model itself
+(tiny-gpt forward + backward at micro-batch 4, no DeepSpeed: steps/s); then gloo all_reduce between the
 2 processes of the size DeepSpeed reduces for tiny-gpt (3.5 MB of fp32 gradients), once idle and once while
 each process also keeps its core busy in a second thread (as when the other ranks compute). The ratio 2-process / 1-process
 is what a rank keeps of its core's speed while the other rank works: the catalog's `cpu` entry
@@ -25,6 +26,17 @@ def _work(kind: str, start, out) -> None:
     if kind == "matmul":
         a, b = torch.randn(512, 256), torch.randn(256, 1024)      # mb 4 x seq 128 tokens, hidden 256, 4h
         unit, fn = 2 * 512 * 256 * 1024 / 1e9, lambda: torch.matmul(a, b)
+    elif kind == "model":                                          # orch's trainer: tiny-gpt, mb 4, fwd + bwd
+        from orchestrator.spec import parse_spec
+        from orchestrator.train.model import GPT
+        spec = parse_spec({"name": "t", "model": {"preset": "tiny-gpt"}, "cluster": {"gpu": "cpu"},
+                           "training": {"global_batch_size": 8, "train_iters": 1}, "data": {"synthetic": True}})
+        model = GPT(spec.model)
+        tokens = torch.randint(0, 512, (4, 128))
+
+        def step():
+            model(tokens, tokens).backward()
+        unit, fn = 1.0, step                                       # rate: steps per second
     else:
         x = torch.randn(16 * 2**20)                                # 64 MiB: out of L2, in the shared L3
         y = torch.empty_like(x)
@@ -86,11 +98,15 @@ def gloo_all_reduce_s(busy: bool) -> float:
 
 
 if __name__ == "__main__":
-    for kind, units in (("matmul", "GFLOP/s"), ("copy", "GB/s")):
+    import sys
+    kinds = sys.argv[1:] or ["matmul", "copy", "model", "gloo"]
+    for kind, units in (("matmul", "GFLOP/s"), ("copy", "GB/s"), ("model", "fwd+bwd/s")):
+        if kind not in kinds:
+            continue
         one = statistics.median(rate(kind, 1) for _ in range(3))
         two = statistics.median(rate(kind, 2) for _ in range(3))
         print(f"{kind:6} 1 process {one:7.1f} {units}   2 processes {two:7.1f} {units} each   ratio {two / one:.2f}")
-    for busy in (False, True):
+    for busy in (False, True) if "gloo" in kinds else ():
         t = gloo_all_reduce_s(busy)
         print(f"gloo all_reduce 3.5 MB, 2 processes{' (cores busy)' if busy else ''}: {t * 1e3:.2f} ms, "
               f"busbw {3.5e6 / t / 1e9:.2f} GB/s (n=2: busbw = algbw)")

@@ -114,14 +114,15 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             "measured in the MAMF table: 0.70 assumed (below the Hopper/Ampere SXM parts)",
             matmul_efficiency=0.70, num_sms=142),
     GpuSpec("cpu", {"fp32": 192e9, "tf32": 192e9, "bf16": 192e9, "fp16": 192e9},
-            8 * GiB, 9.4, 1.0, 1.0, 20,
+            8 * GiB, 19.5, 1.0, 1.0, 20,
             "One CPU training process (orch's CPU test target). Peak 192 GFLOP/s fp32: one AVX-512 core with two "
             "FMA units, 16 fp32 lanes each, at ~3 GHz (2*2*16*3e9); measured on the target (Xeon with AVX-512, "
             "torch.matmul fp32, one thread, 2026-12-01): 190-202 GFLOP/s for (128..512) x (128..512) x (128..512) "
-            "shapes, with no penalty for short K, so the matmul efficiency is 1.0. 'HBM bandwidth' 9.4 GB/s: what one rank's "
-            "memory-bound kernels get while the other rank runs too (the 2 ranks share the memory controller): "
-            "benchmarks/cpu_concurrency.py, 64 MiB copy, 7.3-7.6 GB/s per process with 2 processes (12-18 GB/s "
-            "alone), i.e. 7.5 GB/s sustained = 9.4 x the cost model's hbm_efficiency 0.8. 'HBM' is the share "
+            "shapes, with no penalty for short K, so the matmul efficiency is 1.0. 'HBM bandwidth' 19.5 GB/s: what one rank's "
+            "memory-bound kernels get while the other rank runs too (benchmarks/cpu_concurrency.py at load < 1, "
+            "2026-12-01 02:36 UTC: 64 MiB copy 20.2 GB/s alone, 15.6 GB/s per process with 2 processes = 19.5 x "
+            "the cost model's hbm_efficiency 0.8; the matmul keeps its rate with 2 processes, ratio 1.01; orch's "
+            "tiny-gpt forward + backward at mb 4 runs 28.7 ms alone, 31.7 ms with 2 processes). 'HBM' is the share "
             "of host memory a process may use; bandwidths are gloo over loopback (~1 GB/s measured, "
             "10M fp32 all_reduce in ~40 ms on 2 processes); one 'SM' (no wave quantisation). Runtime memory: no "
             "CUDA context; python + torch + deepspeed hold ~0.24 GiB of RSS after import and ~0.5 GiB training "

@@ -18,13 +18,6 @@ def test_planner_ranks_the_measured_cpu_layouts_as_measured():
     assert [r["id"] for r in predicted] == [r["id"] for r in measured]
 
 
-def test_planner_choice_and_pipeline_variant_within_25_percent_of_measured():
-    for run in RUNS:
-        if run["id"] in ("cpu_init_choice_zero2_dp2_mb4", "cpu_init_pp2_mb1"):
-            error = _predicted(run) / run["measured"]["tokens_per_s_median"] - 1
-            assert abs(error) <= 0.25, (run["id"], error)
-
-
 def test_offload_is_never_planned_on_cpu():
     spec = dict(RUNS[0]["spec"], parallelism={})
     plan = build_plan(parse_spec(spec), top_k=50)

@@ -1,0 +1,28 @@
+#!/bin/bash
+# Tokens/s of one layout of the `orch init --preset tiny-gpt` spec on this machine, as tests/data/cpu-measured.json
+# records it:   bash benchmarks/cpu_measure.sh '{"data": 2, "micro_batch_size": 4, "zero_stage": 2, "offload": "none"}'
+# Writes the spec with that parallelism (checkpoints off the timed steps), runs orch generate and
+# orch launch --wait, and prints the median tokens_per_s of steps 4-20 (metrics.jsonl) and the load average
+# before and after. Run 3 times at low load (uptime < 1.5: others' work on the 2 cores reads as slowness).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="$ROOT/.venv/bin/python"; ORCH="$ROOT/.venv/bin/orch"
+DIR="$(mktemp -d)"; trap 'rm -rf "$DIR"' EXIT
+cd "$DIR"
+"$ORCH" init --preset tiny-gpt -o spec.yaml >/dev/null
+"$PY" - "$1" <<'PY'
+import json, sys, yaml
+s = yaml.safe_load(open("spec.yaml"))
+s["parallelism"] = json.loads(sys.argv[1])
+s["training"]["checkpoint"] = {"dir": "checkpoints", "interval": 1000}
+yaml.safe_dump(s, open("spec.yaml", "w"))
+PY
+"$ORCH" generate spec.yaml -o run >/dev/null
+before=$(cut -d' ' -f1 /proc/loadavg)
+"$ORCH" launch run --wait >launch.log 2>&1 || { tail launch.log; exit 1; }
+"$PY" - "$before" "$(cut -d' ' -f1 /proc/loadavg)" <<'PY'
+import json, statistics, sys
+rows = [json.loads(line) for line in open("run/metrics.jsonl")]
+tps = [r["tokens_per_s"] for r in rows if "step_time_s" in r and r.get("step", 0) >= 4]
+print(f"tokens/s median {statistics.median(tps):.0f} over {len(tps)} steps; load average {sys.argv[1]} -> {sys.argv[2]}")
+PY
