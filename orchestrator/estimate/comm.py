@@ -189,6 +189,15 @@ class DataParallelWork:
     full_recompute: bool
     forward_window_s: float     # one micro-batch's forward on this stage
     backward_window_s: float    # one micro-batch's backward (and recompute) on this stage
+    list_collectives: bool = False   # DeepSpeed < 0.5 ZeRO-3: per-parameter, host-synchronous gathers on
+                                     # lists of n tensors (estimate/engines.py ds_list_collectives)
+
+
+def list_copies_s(nbytes: float, n: int, hw: Hardware) -> float:
+    """The device copies PyTorch's ProcessGroupNCCL adds to an all-gather (reduce-scatter) on a list of ``n``
+    tensors: the flat result is copied back to (the inputs are copied into) the n tensors one by one, n
+    copy kernels of ``kernel_gap_s`` launch and tail each, reading and writing the ``nbytes`` buffer once."""
+    return n * hw.kernel_gap_s + 2 * nbytes / hw.hbm_Bps
 
 
 def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw: Hardware) -> DataParallelComm:
@@ -223,8 +232,18 @@ def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw
     units = w.layers * gathers_per_layer(w.engine) + 1                # + the embedding
     g_s, g_one, _ = bucketed_s("all_gather", params, params / units, pl, hw)
     passes_b = 2 if w.full_recompute else 1                          # backward re-gathers for the recompute too
-    exposed_f = max(g_one, g_s - hide_f)
-    exposed_b = max(g_one, passes_b * g_s + red_s - hide_b)
+    if w.list_collectives:
+        # DeepSpeed < 0.5: one reduce-scatter per parameter too, every call on n-tensor lists (n copies);
+        # each gather waits for the compute before it (torch.cuda.synchronize): none hidden.
+        red_s, red_one, red_calls = bucketed_s(kind, grads, grads / units, pl, hw)
+        red_one += list_copies_s(grads / units, n, hw)
+        red_s = red_calls * red_one
+        g_one += list_copies_s(params / units, n, hw)
+        g_s = units * g_one
+        exposed_f, exposed_b = g_s, passes_b * g_s + max(red_one, red_s - hide_b)
+    else:
+        exposed_f = max(g_one, g_s - hide_f)
+        exposed_b = max(g_one, passes_b * g_s + red_s - hide_b)
     per_mb_time = (1 + passes_b) * g_s + red_s
     per_mb_bytes = (1 + passes_b) * ring_bytes(params, n) + red_bytes
     return DataParallelComm(m * per_mb_bytes, m * per_mb_time, m * (exposed_f + exposed_b), reduce_s=m * red_s,

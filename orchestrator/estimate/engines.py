@@ -16,9 +16,29 @@ defaults for the flags orch emits (core_v0.16.1).
   distributed optimizer gathers the 16-bit parameters in the same buckets (``--overlap-param-gather``:
   behind the next forward). Megatron FSDP (ZeRO-2/3) shards per transformer layer: one all-gather per layer
   and pass, one reduce-scatter per layer in the backward.
+
+DeepSpeed version. orch writes ds_config.json for DeepSpeed ``DEEPSPEED_VERSION`` (0.19.8, validate/_deepspeed_keys_data.py), and that is the
+runtime the planner predicts by default: ZeRO-3 gathers each module's parameters with one coalesced
+all-gather into a flat buffer (``allgather_coalesced`` / ``all_gather_into_tensor``) on its own stream,
+prefetched behind compute (stage3_prefetch_bucket_size), and reduce-scatters gradients in buckets.
+The ZeRO-3 of early 2021 (DeepSpeed 0.3.x-0.4.x; the runs of Narayanan et al. 2021, Table 2, were made with
+it) worked differently, as its source shows (``runtime/zero/partition_parameters.py``:
+``_allgather_param`` / ``_reduce_scatter_gradient``): one call per parameter, each all-gather preceded by a
+``torch.cuda.synchronize()`` (so no gather overlaps the compute before it, whatever the prefetch setting),
+and both collectives on lists of world-size tensors, which PyTorch's ProcessGroupNCCL flattens: one
+device copy per rank per call (``all_gather`` copies each of the n outputs back, ``reduce_scatter`` each
+of the n inputs in). The number of calls is the same as today's for a GPT layer (its biases and norms stay
+resident below the persistence threshold, 1e5 elements then); what changes is that every call is exposed
+and pays n copies. Gathers became coalesced into one flat buffer in 0.5 (our reading of DeepSpeed's
+history: ``_allgather_params_coalesced`` and ``_all_gather_base`` replace the per-parameter list calls);
+:func:`ds_list_collectives` says which behaviour a version has. A spec predicts DeepSpeed
+``DEEPSPEED_VERSION``; only published runs say otherwise (``orchestrator/published.py``).
 """
 from __future__ import annotations
 
+from ..validate._deepspeed_keys_data import DEEPSPEED_VERSION  # the DeepSpeed orch writes ds_config for
+
+DS_COALESCED_GATHERS_SINCE = (0, 5)
 DS_REDUCE_BUCKET_ELEMENTS = 500_000_000
 DS_GATHERS_PER_LAYER = 4
 MEGATRON_FSDP_GATHERS_PER_LAYER = 1
@@ -49,3 +69,10 @@ def gathers_per_layer(engine: str) -> int:
 def grad_reduce_bytes(engine: str, precision: str, dtype_bytes: int) -> int:
     """Bytes per gradient element on the wire: Megatron reduces bf16 gradients in fp32."""
     return 4 if engine == "megatron" and precision == "bf16" else dtype_bytes
+
+
+def ds_list_collectives(version: str | None) -> bool:
+    """True for a DeepSpeed whose ZeRO-3 runs host-synchronous per-parameter collectives on lists of
+    world-size tensors (before DS_COALESCED_GATHERS_SINCE); None: the version orch writes configs for."""
+    parts = tuple(int(p) for p in (version or DEEPSPEED_VERSION).split(".")[:2] if p.isdigit())
+    return parts < DS_COALESCED_GATHERS_SINCE

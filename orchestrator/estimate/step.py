@@ -28,7 +28,7 @@ from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, 
                    ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import gathers_per_layer, grad_reduce_bytes
+from .engines import ds_list_collectives, gathers_per_layer, grad_reduce_bytes
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .hardware import Hardware, hardware_for
@@ -54,16 +54,19 @@ class EstimateContext:
     engine: str                   # training.engine: megatron | deepspeed
     host_capacity_bytes: float    # host memory one process may fill with offloaded states
     gpu: str = "h100-sxm"         # catalog key (FP8 GEMM rates)
+    engine_version: str | None = None   # DeepSpeed release the run uses; None: the one orch writes for
+                                        # (estimate/engines.py DEEPSPEED_VERSION; only published runs set it)
 
     @classmethod
-    def of(cls, spec: Spec, cost: CostModel | None = None) -> "EstimateContext":
+    def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None) -> "EstimateContext":
         cost = cost or CostModel()
         c = spec.cluster
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
         return cls(shape=model_shape(spec), hw=hardware_for(spec, cost), cost=cost,
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=spec.training.engine or default_engine(c.gpu),
-                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu)
+                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
+                   engine_version=engine_version)
 
 
 @dataclass(frozen=True)
@@ -349,7 +352,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=elements, param_bytes=hw.dtype_bytes,
             grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
             num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
-            backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
+            backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s),
+            list_collectives=ctx.engine == "deepspeed" and ds_list_collectives(ctx.engine_version))
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     if ctx.precision == "fp8":
