@@ -28,6 +28,13 @@ What is sent:
   module (DeepSpeed) or per layer (Megatron FSDP), and reduce-scatters gradients, every micro-batch (ZeRO
   paper, section 7: 1.5x the all-reduce volume per pass). Gradients travel in the training dtype, or fp32
   where Megatron reduces bf16 gradients in fp32.
+  Overlap: DeepSpeed prefetches about one module ahead (orch's stage3_prefetch_bucket_size, 0.9h^2, is less
+  than one GEMM weight), so module i+1's gather runs behind module i's compute; with a layer's modules
+  of similar size that is the aggregate rule of :func:`data_parallel_comm` (hidden up to ``overlap`` of the
+  pass, the first gather exposed). DeepSpeed before 0.5 synchronised the host before every gather: none
+  hidden, and n device copies per call (estimate/engines.py). NCCL does not thin its channels for these
+  buffers: enqueue.cc drops channels/threads only below nChannels x nThreads x 64 bytes (Simple; the ring
+  LL threshold is x nRanks), i.e. ~0.5 MiB, far below one module's parameters.
 * TP (per layer, per micro-batch): two all-reduces of s*b*h in the forward and two in the backward
   (Shoeybi et al. 2019), two more when the forward is recomputed; sequence parallelism swaps each for a
   reduce-scatter + all-gather pair of the same volume (Korthikanti et al. 2022, section 4.2.2).
