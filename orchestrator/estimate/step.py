@@ -36,7 +36,8 @@ from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
-from .params import ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank, model_shape
+from .params import (ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank,
+                     largest_module_per_rank, model_shape)
 from .pipeline import bubble_fraction, pipeline_time_s
 from .precision import fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
 from .uncertainty import layout_uncertainty, regime_of
@@ -213,12 +214,20 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
         states = model_states(ctx, lay, psi, layers)
         over = estimate_overheads(cost, num_groups=groups, dp=lay.dp, zero_stage=lay.zero_stage,
                                   local_grad_bytes=psi * hw.dtype_bytes,
-                                  largest_layer_params=params.largest_layer_per_gpu, activations_bytes=act,
+                                  largest_layer_params=zero3_gather_unit(ctx, lay, params), activations_bytes=act,
                                   dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes)
         stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, headroom=cost.hbm_headroom,
                                    stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
     busiest = busiest_stage(*stages)
     return with_stage_totals(busiest, stages) if stage_totals else busiest
+
+
+def zero3_gather_unit(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> int:
+    """Parameters of the largest unit a ZeRO-3 rank gathers (and holds gradients of) at once: DeepSpeed
+    gathers module by module (estimate/engines.py), Megatron FSDP a transformer layer at a time."""
+    if ctx.engine != "deepspeed":
+        return params.largest_layer_per_gpu
+    return largest_module_per_rank(ctx.shape, lay.tp, params.padded_vocab_size)
 
 
 def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> ActivationsEstimate:
