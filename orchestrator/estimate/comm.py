@@ -196,6 +196,9 @@ class DataParallelWork:
     full_recompute: bool
     forward_window_s: float     # one micro-batch's forward on this stage
     backward_window_s: float    # one micro-batch's backward (and recompute) on this stage
+    backward_gather_passes: float | None = None   # DeepSpeed ZeRO-3 backward all-gathers in passes of the
+                                     # parameters (engines.ds_backward_regather_share); None: 2 with full
+                                     # recompute, else 1 (nothing kept gathered from the forward)
     list_collectives: bool = False   # DeepSpeed < 0.5 ZeRO-3: per-parameter, host-synchronous gathers on
                                      # lists of n tensors (estimate/engines.py ds_list_collectives)
 
@@ -239,6 +242,8 @@ def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw
     units = w.layers * gathers_per_layer(w.engine) + 1                # + the embedding
     g_s, g_one, _ = bucketed_s("all_gather", params, params / units, pl, hw)
     passes_b = 2 if w.full_recompute else 1                          # backward re-gathers for the recompute too
+    if w.backward_gather_passes is not None:                         # less what DeepSpeed keeps gathered
+        passes_b = w.backward_gather_passes
     if w.list_collectives:
         # DeepSpeed < 0.5: one reduce-scatter per parameter too, every call on n-tensor lists (n copies);
         # each gather waits for the compute before it (torch.cuda.synchronize): none hidden.
@@ -254,7 +259,7 @@ def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw
     per_mb_time = (1 + passes_b) * g_s + red_s
     per_mb_bytes = (1 + passes_b) * ring_bytes(params, n) + red_bytes
     return DataParallelComm(m * per_mb_bytes, m * per_mb_time, m * (exposed_f + exposed_b), reduce_s=m * red_s,
-                            calls=m * ((1 + passes_b) * units + red_calls))
+                            calls=m * (round((1 + passes_b) * units) + red_calls))
 
 
 def tensor_parallel_layer_comm(*, tokens: int, hidden: int, pl: Placement, sp: bool, full_recompute: bool,

@@ -36,10 +36,13 @@ history: ``_allgather_params_coalesced`` and ``_all_gather_base`` replace the pe
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..validate._deepspeed_keys_data import DEEPSPEED_VERSION  # the DeepSpeed orch writes ds_config for
 
 DS_COALESCED_GATHERS_SINCE = (0, 5)
 DS_REDUCE_BUCKET_ELEMENTS = 500_000_000
+DS_MAX_REUSE_DISTANCE = 1_000_000_000   # stage3_max_reuse_distance (and max_live_parameters) orch writes
 DS_GATHERS_PER_LAYER = 4
 MEGATRON_FSDP_GATHERS_PER_LAYER = 1
 
@@ -69,6 +72,40 @@ def gathers_per_layer(engine: str) -> int:
 def grad_reduce_bytes(engine: str, precision: str, dtype_bytes: int) -> int:
     """Bytes per gradient element on the wire: Megatron reduces bf16 gradients in fp32."""
     return 4 if engine == "megatron" and precision == "bf16" else dtype_bytes
+
+
+@lru_cache(maxsize=1024)
+def ds_backward_regather_share(module_elements: tuple[int, ...], layers: int, full_recompute: bool,
+                               max_reuse: int = DS_MAX_REUSE_DISTANCE) -> float:
+    """Backward all-gathers of DeepSpeed ZeRO-3 (0.5 on), in passes of the stage's parameters.
+
+    After a module runs, DeepSpeed keeps its parameters gathered when the module is due again before
+    ``max_reuse`` elements of other modules' parameters have run (PartitionedParameterCoordinator's
+    __params_to_release walks the recorded module trace from the next step, counting parameters, and
+    stops at stage3_max_reuse_distance). The trace of one micro-batch: the layers' modules
+    (``module_elements`` in forward order) forward; backward from the last layer, each layer recomputing
+    its forward first when ``full_recompute``, then its modules in reverse. Every forward use gathers;
+    a backward use gathers again unless kept. Returns the gathered backward elements / the stage's
+    (1 without reuse and recompute, 2 with recompute and nothing kept).
+    """
+    k, per_layer = len(module_elements), sum(module_elements)
+    trace = [(layer, i) for layer in range(layers) for i in range(k)]
+    forward_len = len(trace)
+    for layer in reversed(range(layers)):
+        if full_recompute:
+            trace += [(layer, i) for i in range(k)]
+        trace += [(layer, i) for i in reversed(range(k))]
+    last_seen: dict[tuple[int, int], int] = {}
+    prefix = [0]
+    for unit in trace:
+        prefix.append(prefix[-1] + module_elements[unit[1]])
+    gathered = 0
+    for t, unit in enumerate(trace):
+        j = last_seen.get(unit)
+        last_seen[unit] = t
+        if t >= forward_len and (j is None or prefix[t] - prefix[j + 1] >= max_reuse):
+            gathered += module_elements[unit[1]]
+    return gathered / (layers * per_layer)
 
 
 def ds_list_collectives(version: str | None) -> bool:

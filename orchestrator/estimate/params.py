@@ -187,8 +187,16 @@ def largest_module_per_rank(shape: ModelShape, tp: int, padded_vocab: int) -> in
     h = shape.hidden_size
     if shape.moe is not None:
         return max(layer_params_per_rank(shape, tp), padded_vocab * h // tp)
+    return max(max(ds_layer_modules(shape, tp)), padded_vocab * h // tp)
+
+
+@lru_cache(maxsize=4096)
+def ds_layer_modules(shape: ModelShape, tp: int) -> tuple[int, ...]:
+    """One rank's weight modules of a transformer layer in forward order (QKV, attention output, MLP in,
+    MLP out): DeepSpeed ZeRO-3's gather units (estimate/engines.py)."""
+    h = shape.hidden_size
     gemms = (h * (shape.q_size + 2 * shape.kv_size), shape.q_size * h, h * shape.mlp_in_width, shape.ffn_hidden_size * h)
-    return max(max(gemms) // tp, padded_vocab * h // tp)
+    return tuple(g // tp for g in gemms)
 
 
 @lru_cache(maxsize=4096)

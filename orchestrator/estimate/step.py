@@ -28,7 +28,7 @@ from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, 
                    ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import ds_list_collectives, gathers_per_layer, grad_reduce_bytes
+from .engines import ds_backward_regather_share, ds_list_collectives, gathers_per_layer, grad_reduce_bytes
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .hardware import Hardware, hardware_for
@@ -37,7 +37,7 @@ from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
 from .params import (ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank,
-                     largest_module_per_rank, model_shape)
+                     ds_layer_modules, largest_module_per_rank, model_shape)
 from .pipeline import bubble_fraction, pipeline_time_s
 from .precision import fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
 from .uncertainty import layout_uncertainty, regime_of
@@ -362,6 +362,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
             num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
             backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s),
+            backward_gather_passes=ds_backward_gather_passes(ctx, lay, reduce_layers),
             list_collectives=ctx.engine == "deepspeed" and ds_list_collectives(ctx.engine_version))
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
@@ -409,6 +410,15 @@ def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, lay
     experts = _data_parallel_comm(work(expert), group_placement(lay.edp, lay.etp * lay.ep, gpn), cost.dp_overlap, hw)
     return DataParallelComm(*(getattr(dense, f) + getattr(experts, f) for f in
                               ("bytes", "time_s", "exposed_s", "reduce_s", "calls")))
+
+
+def ds_backward_gather_passes(ctx: EstimateContext, lay: Layout, layers: int) -> float | None:
+    """DeepSpeed ZeRO-3's backward all-gathers (in passes of the stage's parameters) under the
+    stage3_max_reuse_distance orch writes (engines.ds_backward_regather_share); None elsewhere, and for the
+    per-parameter ZeRO-3 before DeepSpeed 0.5, which we count as re-gathering everything."""
+    if ctx.engine != "deepspeed" or lay.zero_stage != 3 or ds_list_collectives(ctx.engine_version):
+        return None
+    return ds_backward_regather_share(ds_layer_modules(ctx.shape, lay.tp), layers, lay.recompute == "full")
 
 
 def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -> float:

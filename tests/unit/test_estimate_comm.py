@@ -135,3 +135,19 @@ def test_legacy_deepspeed_zero3_exposes_every_gather_and_pays_n_copies():
     units = 24 * 4 + 1
     extra = old[1536].time_s - old[384].time_s
     assert extra > 3 * units * (1536 - 384) * h.kernel_gap_s   # fwd + bwd gathers and reduce: n copies each, + ring
+
+
+def test_deepspeed_keeps_recomputed_modules_gathered_within_the_reuse_distance():
+    """stage3_max_reuse_distance (1e9, what orch writes): a module used again within 1e9 elements of other
+    modules stays gathered. GPT-3 175B (h 12288): only the MLP-out weight survives from the recompute to
+    the backward (2/3 of a pass re-gathered, + the recompute's pass); a 1.3B-sized model keeps all four (and the last layers' recompute finds them still gathered);
+    a model smaller than the distance is never re-gathered."""
+    from orchestrator.estimate.engines import ds_backward_regather_share
+
+    def mods(h):
+        return (3 * h * h, h * h, 4 * h * h, 4 * h * h)
+    assert ds_backward_regather_share(mods(12288), 96, True) == pytest.approx(1 + 8 / 12)
+    assert ds_backward_regather_share(mods(12288), 96, False) < 1
+    assert 0.5 < ds_backward_regather_share(mods(2048), 24, True) < 1   # and the last layers' recompute
+    assert ds_backward_regather_share(mods(256), 4, True) == 0
+    assert ds_backward_regather_share(mods(12288), 96, True, max_reuse=0) == pytest.approx(2)
