@@ -68,9 +68,11 @@ class _Scored:
     overflow: float          # worst of GPU bytes / usable HBM and host bytes / host capacity (fits: <= 1)
 
 
-def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None) -> SearchResult:
-    """Rank the layouts of ``spec`` that fit; NoFitError when none does."""
-    ctx = EstimateContext.of(spec, cost)
+def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
+           engine_version: str | None = None) -> SearchResult:
+    """Rank the layouts of ``spec`` that fit; NoFitError when none does. ``engine_version``: the DeepSpeed
+    release a published run used (EstimateContext.engine_version); None: the one orch writes for."""
+    ctx = EstimateContext.of(spec, cost, engine_version)
     rejected: list[Problem] = []
     scored = [_score(ctx, lay) for lay in enumerate_layouts(spec, rejected)]
     if not scored:

@@ -10,6 +10,12 @@ Narayanan et al. 2021, Table 1 runs are modelled as the software of the time ran
 fp16 mixed precision, no fused (flash) attention, no sequence parallelism, full activation recomputation,
 no ZeRO (plain data parallelism). A case may say ``"precision"`` in its published layout (default fp16).
 
+DeepSpeed runs are modelled on the DeepSpeed of their time too (:func:`case_engine_version`): a case's
+``published.engine_version`` when it states one, else the release current in the year its source was
+published; up to 2021 that is the ZeRO-3 of DeepSpeed 0.3.x-0.4.x (per-parameter, host-synchronous
+collectives on tensor lists: estimate/engines.py), from 2022 on the one orch writes configs for. The
+three ZeRO-3 rows of Narayanan et al. 2021, Table 2 reflect the former.
+
 Where a case's layer count does not divide its pipeline degree, a DeepSpeed case gets the balanced uneven
 split (:func:`orchestrator.stages.balanced_split`: first and last stage lighter, middle stages equal), which
 is what such runs used (BLOOM-176B: 70 layers on 12 stages as 5 + 10 x 6 + 5); a Megatron case leaves the
@@ -19,6 +25,7 @@ split to the planner, which also weighs counting the embedding and the loss as l
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .spec import Spec, parse_spec
@@ -88,6 +95,22 @@ def case_engine(case: dict) -> str:
     return case["published"].get("engine", "megatron")
 
 
+# The DeepSpeed of a publication year before coalesced ZeRO-3 gathers (DeepSpeed 0.5, late 2021): 0.4.x.
+LEGACY_DEEPSPEED = "0.4"
+LAST_LEGACY_YEAR = 2021
+
+
+def case_engine_version(case: dict) -> str | None:
+    """The DeepSpeed release a DeepSpeed case ran: ``published.engine_version``, else LEGACY_DEEPSPEED for
+    a source published up to LAST_LEGACY_YEAR; None (the version orch writes for) otherwise."""
+    if case_engine(case) != "deepspeed":
+        return None
+    if case["published"].get("engine_version"):
+        return str(case["published"]["engine_version"])
+    year = re.search(r"\b(19|20)\d\d\b", case.get("source", ""))
+    return LEGACY_DEEPSPEED if year and int(year.group()) <= LAST_LEGACY_YEAR else None
+
+
 def case_recompute(case: dict) -> str:
     """The recompute mode of a case ("full (assumed, eq.3 convention)" reads as "full")."""
     return str(case["published"]["recompute"]).split()[0]
@@ -113,7 +136,7 @@ def published_estimate(case: dict, cost=None):
     for mb in [case["published"]["micro_batch"]] if case["published"].get("micro_batch") else PLAUSIBLE_MICRO_BATCHES:
         try:
             spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
-            est = search(spec, top_k=1, cost=cost).chosen
+            est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case)).chosen
         except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
             last_error = e
             continue

@@ -28,6 +28,13 @@ What is sent:
   module (DeepSpeed) or per layer (Megatron FSDP), and reduce-scatters gradients, every micro-batch (ZeRO
   paper, section 7: 1.5x the all-reduce volume per pass). Gradients travel in the training dtype, or fp32
   where Megatron reduces bf16 gradients in fp32.
+  Overlap: DeepSpeed prefetches about one module ahead (orch's stage3_prefetch_bucket_size, 0.9h^2, is less
+  than one GEMM weight), so module i+1's gather runs behind module i's compute; with a layer's modules
+  of similar size that is the aggregate rule of :func:`data_parallel_comm` (hidden up to ``overlap`` of the
+  pass, the first gather exposed). DeepSpeed before 0.5 synchronised the host before every gather: none
+  hidden, and n device copies per call (estimate/engines.py). NCCL does not thin its channels for these
+  buffers: enqueue.cc drops channels/threads only below nChannels x nThreads x 64 bytes (Simple; the ring
+  LL threshold is x nRanks), i.e. ~0.5 MiB, far below one module's parameters.
 * TP (per layer, per micro-batch): two all-reduces of s*b*h in the forward and two in the backward
   (Shoeybi et al. 2019), two more when the forward is recomputed; sequence parallelism swaps each for a
   reduce-scatter + all-gather pair of the same volume (Korthikanti et al. 2022, section 4.2.2).
@@ -189,6 +196,18 @@ class DataParallelWork:
     full_recompute: bool
     forward_window_s: float     # one micro-batch's forward on this stage
     backward_window_s: float    # one micro-batch's backward (and recompute) on this stage
+    backward_gather_passes: float | None = None   # DeepSpeed ZeRO-3 backward all-gathers in passes of the
+                                     # parameters (engines.ds_backward_regather_share); None: 2 with full
+                                     # recompute, else 1 (nothing kept gathered from the forward)
+    list_collectives: bool = False   # DeepSpeed < 0.5 ZeRO-3: per-parameter, host-synchronous gathers on
+                                     # lists of n tensors (estimate/engines.py ds_list_collectives)
+
+
+def list_copies_s(nbytes: float, n: int, hw: Hardware) -> float:
+    """The device copies PyTorch's ProcessGroupNCCL adds to an all-gather (reduce-scatter) on a list of ``n``
+    tensors: the flat result is copied back to (the inputs are copied into) the n tensors one by one, n
+    copy kernels of ``kernel_gap_s`` launch and tail each, reading and writing the ``nbytes`` buffer once."""
+    return n * hw.kernel_gap_s + 2 * nbytes / hw.hbm_Bps
 
 
 def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw: Hardware) -> DataParallelComm:
@@ -223,12 +242,24 @@ def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw
     units = w.layers * gathers_per_layer(w.engine) + 1                # + the embedding
     g_s, g_one, _ = bucketed_s("all_gather", params, params / units, pl, hw)
     passes_b = 2 if w.full_recompute else 1                          # backward re-gathers for the recompute too
-    exposed_f = max(g_one, g_s - hide_f)
-    exposed_b = max(g_one, passes_b * g_s + red_s - hide_b)
+    if w.backward_gather_passes is not None:                         # less what DeepSpeed keeps gathered
+        passes_b = w.backward_gather_passes
+    if w.list_collectives:
+        # DeepSpeed < 0.5: one reduce-scatter per parameter too, every call on n-tensor lists (n copies);
+        # each gather waits for the compute before it (torch.cuda.synchronize): none hidden.
+        red_s, red_one, red_calls = bucketed_s(kind, grads, grads / units, pl, hw)
+        red_one += list_copies_s(grads / units, n, hw)
+        red_s = red_calls * red_one
+        g_one += list_copies_s(params / units, n, hw)
+        g_s = units * g_one
+        exposed_f, exposed_b = g_s, passes_b * g_s + max(red_one, red_s - hide_b)
+    else:
+        exposed_f = max(g_one, g_s - hide_f)
+        exposed_b = max(g_one, passes_b * g_s + red_s - hide_b)
     per_mb_time = (1 + passes_b) * g_s + red_s
     per_mb_bytes = (1 + passes_b) * ring_bytes(params, n) + red_bytes
     return DataParallelComm(m * per_mb_bytes, m * per_mb_time, m * (exposed_f + exposed_b), reduce_s=m * red_s,
-                            calls=m * ((1 + passes_b) * units + red_calls))
+                            calls=m * (round((1 + passes_b) * units) + red_calls))
 
 
 def tensor_parallel_layer_comm(*, tokens: int, hidden: int, pl: Placement, sp: bool, full_recompute: bool,

@@ -16,10 +16,33 @@ defaults for the flags orch emits (core_v0.16.1).
   distributed optimizer gathers the 16-bit parameters in the same buckets (``--overlap-param-gather``:
   behind the next forward). Megatron FSDP (ZeRO-2/3) shards per transformer layer: one all-gather per layer
   and pass, one reduce-scatter per layer in the backward.
+
+DeepSpeed version. orch writes ds_config.json for DeepSpeed ``DEEPSPEED_VERSION`` (0.19.8, validate/_deepspeed_keys_data.py), and that is the
+runtime the planner predicts by default: ZeRO-3 gathers each module's parameters with one coalesced
+all-gather into a flat buffer (``allgather_coalesced`` / ``all_gather_into_tensor``) on its own stream,
+prefetched behind compute (stage3_prefetch_bucket_size), and reduce-scatters gradients in buckets.
+The ZeRO-3 of early 2021 (DeepSpeed 0.3.x-0.4.x; the runs of Narayanan et al. 2021, Table 2, were made with
+it) worked differently, as its source shows (``runtime/zero/partition_parameters.py``:
+``_allgather_param`` / ``_reduce_scatter_gradient``): one call per parameter, each all-gather preceded by a
+``torch.cuda.synchronize()`` (so no gather overlaps the compute before it, whatever the prefetch setting),
+and both collectives on lists of world-size tensors, which PyTorch's ProcessGroupNCCL flattens: one
+device copy per rank per call (``all_gather`` copies each of the n outputs back, ``reduce_scatter`` each
+of the n inputs in). The number of calls is the same as today's for a GPT layer (its biases and norms stay
+resident below the persistence threshold, 1e5 elements then); what changes is that every call is exposed
+and pays n copies. Gathers became coalesced into one flat buffer in 0.5 (our reading of DeepSpeed's
+history: ``_allgather_params_coalesced`` and ``_all_gather_base`` replace the per-parameter list calls);
+:func:`ds_list_collectives` says which behaviour a version has. A spec predicts DeepSpeed
+``DEEPSPEED_VERSION``; only published runs say otherwise (``orchestrator/published.py``).
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
+from ..validate._deepspeed_keys_data import DEEPSPEED_VERSION  # the DeepSpeed orch writes ds_config for
+
+DS_COALESCED_GATHERS_SINCE = (0, 5)
 DS_REDUCE_BUCKET_ELEMENTS = 500_000_000
+DS_MAX_REUSE_DISTANCE = 1_000_000_000   # stage3_max_reuse_distance (and max_live_parameters) orch writes
 DS_GATHERS_PER_LAYER = 4
 MEGATRON_FSDP_GATHERS_PER_LAYER = 1
 
@@ -56,3 +79,44 @@ def param_tensors_per_layer(bias: bool, rmsnorm: bool) -> int:
 def grad_reduce_bytes(engine: str, precision: str, dtype_bytes: int) -> int:
     """Bytes per gradient element on the wire: Megatron reduces bf16 gradients in fp32."""
     return 4 if engine == "megatron" and precision == "bf16" else dtype_bytes
+
+
+@lru_cache(maxsize=1024)
+def ds_backward_regather_share(module_elements: tuple[int, ...], layers: int, full_recompute: bool,
+                               max_reuse: int = DS_MAX_REUSE_DISTANCE) -> float:
+    """Backward all-gathers of DeepSpeed ZeRO-3 (0.5 on), in passes of the stage's parameters.
+
+    After a module runs, DeepSpeed keeps its parameters gathered when the module is due again before
+    ``max_reuse`` elements of other modules' parameters have run (PartitionedParameterCoordinator's
+    __params_to_release walks the recorded module trace from the next step, counting parameters, and
+    stops at stage3_max_reuse_distance). The trace of one micro-batch: the layers' modules
+    (``module_elements`` in forward order) forward; backward from the last layer, each layer recomputing
+    its forward first when ``full_recompute``, then its modules in reverse. Every forward use gathers;
+    a backward use gathers again unless kept. Returns the gathered backward elements / the stage's
+    (1 without reuse and recompute, 2 with recompute and nothing kept).
+    """
+    k, per_layer = len(module_elements), sum(module_elements)
+    trace = [(layer, i) for layer in range(layers) for i in range(k)]
+    forward_len = len(trace)
+    for layer in reversed(range(layers)):
+        if full_recompute:
+            trace += [(layer, i) for i in range(k)]
+        trace += [(layer, i) for i in reversed(range(k))]
+    last_seen: dict[tuple[int, int], int] = {}
+    prefix = [0]
+    for unit in trace:
+        prefix.append(prefix[-1] + module_elements[unit[1]])
+    gathered = 0
+    for t, unit in enumerate(trace):
+        j = last_seen.get(unit)
+        last_seen[unit] = t
+        if t >= forward_len and (j is None or prefix[t] - prefix[j + 1] >= max_reuse):
+            gathered += module_elements[unit[1]]
+    return gathered / (layers * per_layer)
+
+
+def ds_list_collectives(version: str | None) -> bool:
+    """True for a DeepSpeed whose ZeRO-3 runs host-synchronous per-parameter collectives on lists of
+    world-size tensors (before DS_COALESCED_GATHERS_SINCE); None: the version orch writes configs for."""
+    parts = tuple(int(p) for p in (version or DEEPSPEED_VERSION).split(".")[:2] if p.isdigit())
+    return parts < DS_COALESCED_GATHERS_SINCE

@@ -178,6 +178,27 @@ def moe_layer_params_per_rank(shape: ModelShape, tp: int, ep: int, etp: int) -> 
     return dense // tp + experts // (ep * etp) + replicated
 
 
+def largest_module_per_rank(shape: ModelShape, tp: int, padded_vocab: int) -> int:
+    """The largest single module one rank holds: DeepSpeed ZeRO-3's gather unit (a Linear's weight; its
+    biases and the norms stay resident below stage3_param_persistence_threshold) and the "largest layer"
+    of DeepSpeed's memory estimator (estimate_zero3_model_states_mem_needs: the most parameters any one
+    module holds itself, not recursively). QKV, attention output, MLP in, MLP out, or the embedding. MoE
+    models: the whole mean layer (the expert modules are not modelled one by one)."""
+    h = shape.hidden_size
+    if shape.moe is not None:
+        return max(layer_params_per_rank(shape, tp), padded_vocab * h // tp)
+    return max(max(ds_layer_modules(shape, tp)), padded_vocab * h // tp)
+
+
+@lru_cache(maxsize=4096)
+def ds_layer_modules(shape: ModelShape, tp: int) -> tuple[int, ...]:
+    """One rank's weight modules of a transformer layer in forward order (QKV, attention output, MLP in,
+    MLP out): DeepSpeed ZeRO-3's gather units (estimate/engines.py)."""
+    h = shape.hidden_size
+    gemms = (h * (shape.q_size + 2 * shape.kv_size), shape.q_size * h, h * shape.mlp_in_width, shape.ffn_hidden_size * h)
+    return tuple(g // tp for g in gemms)
+
+
 @lru_cache(maxsize=4096)
 def expert_params_per_layer_per_rank(shape: ModelShape, ep: int, etp: int) -> float:
     """Routed-expert weights of one rank per layer (mean over the layers): what the expert-data-parallel

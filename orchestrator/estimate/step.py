@@ -28,7 +28,8 @@ from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, 
                    ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import gathers_per_layer, grad_reduce_bytes, param_tensors_per_layer
+from .engines import (ds_backward_regather_share, ds_list_collectives, gathers_per_layer, grad_reduce_bytes,
+                      param_tensors_per_layer)
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .hardware import Hardware, hardware_for
@@ -36,7 +37,8 @@ from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
-from .params import ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank, model_shape
+from .params import (ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank,
+                     ds_layer_modules, largest_module_per_rank, model_shape)
 from .pipeline import bubble_fraction, pipeline_time_s
 from .precision import fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
 from .uncertainty import layout_uncertainty, regime_of
@@ -54,16 +56,19 @@ class EstimateContext:
     engine: str                   # training.engine: megatron | deepspeed
     host_capacity_bytes: float    # host memory one process may fill with offloaded states
     gpu: str = "h100-sxm"         # catalog key (FP8 GEMM rates)
+    engine_version: str | None = None   # DeepSpeed release the run uses; None: the one orch writes for
+                                        # (estimate/engines.py DEEPSPEED_VERSION; only published runs set it)
 
     @classmethod
-    def of(cls, spec: Spec, cost: CostModel | None = None) -> "EstimateContext":
+    def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None) -> "EstimateContext":
         cost = cost or CostModel()
         c = spec.cluster
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
         return cls(shape=model_shape(spec), hw=hardware_for(spec, cost), cost=cost,
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=spec.training.engine or default_engine(c.gpu),
-                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu)
+                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
+                   engine_version=engine_version)
 
 
 @dataclass(frozen=True)
@@ -210,12 +215,20 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
         states = model_states(ctx, lay, psi, layers)
         over = estimate_overheads(cost, num_groups=groups, dp=lay.dp, zero_stage=lay.zero_stage,
                                   local_grad_bytes=psi * hw.dtype_bytes,
-                                  largest_layer_params=params.largest_layer_per_gpu, activations_bytes=act,
+                                  largest_layer_params=zero3_gather_unit(ctx, lay, params), activations_bytes=act,
                                   dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes)
         stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, headroom=cost.hbm_headroom,
                                    stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
     busiest = busiest_stage(*stages)
     return with_stage_totals(busiest, stages) if stage_totals else busiest
+
+
+def zero3_gather_unit(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> int:
+    """Parameters of the largest unit a ZeRO-3 rank gathers (and holds gradients of) at once: DeepSpeed
+    gathers module by module (estimate/engines.py), Megatron FSDP a transformer layer at a time."""
+    if ctx.engine != "deepspeed":
+        return params.largest_layer_per_gpu
+    return largest_module_per_rank(ctx.shape, lay.tp, params.padded_vocab_size)
 
 
 def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> ActivationsEstimate:
@@ -349,7 +362,9 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=elements, param_bytes=hw.dtype_bytes,
             grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
             num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
-            backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s))
+            backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s),
+            backward_gather_passes=ds_backward_gather_passes(ctx, lay, reduce_layers),
+            list_collectives=ctx.engine == "deepspeed" and ds_list_collectives(ctx.engine_version))
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.link == "loopback" else 0.0
@@ -408,6 +423,15 @@ def dp_overlap_fraction(cost: CostModel, hw: Hardware) -> float:
     is True; its streams are no-ops), so overlap_comm's side stream runs each gloo collective inline on the
     rank's own thread, and every core already computes for a rank (OMP_NUM_THREADS=1 per rank, torchrun)."""
     return 0.0 if hw.link == "loopback" else cost.dp_overlap
+
+
+def ds_backward_gather_passes(ctx: EstimateContext, lay: Layout, layers: int) -> float | None:
+    """DeepSpeed ZeRO-3's backward all-gathers (in passes of the stage's parameters) under the
+    stage3_max_reuse_distance orch writes (engines.ds_backward_regather_share); None elsewhere, and for the
+    per-parameter ZeRO-3 before DeepSpeed 0.5, which we count as re-gathering everything."""
+    if ctx.engine != "deepspeed" or lay.zero_stage != 3 or ds_list_collectives(ctx.engine_version):
+        return None
+    return ds_backward_regather_share(ds_layer_modules(ctx.shape, lay.tp), layers, lay.recompute == "full")
 
 
 def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -> float:

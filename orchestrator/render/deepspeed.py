@@ -4,7 +4,7 @@ Every number comes from the Plan; DeepSpeed's spellings live only here.
 """
 from __future__ import annotations
 
-from ..estimate.engines import (DS_REDUCE_BUCKET_ELEMENTS, ds_param_persistence_threshold,
+from ..estimate.engines import (DS_MAX_REUSE_DISTANCE, DS_REDUCE_BUCKET_ELEMENTS, ds_param_persistence_threshold,
                                 ds_prefetch_bucket_elements)
 from ..plan import Plan
 _OPTIMIZER_TYPES = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD"}
@@ -79,8 +79,8 @@ def _zero(plan: Plan) -> dict:
         # Per-layer sizing (h^2 prefetch, 10h persistence), as DeepSpeed's HF integration derives it.
         zero.update({"stage3_prefetch_bucket_size": ds_prefetch_bucket_elements(h),
                      "stage3_param_persistence_threshold": ds_param_persistence_threshold(h),
-                     "stage3_max_live_parameters": 1_000_000_000,
-                     "stage3_max_reuse_distance": 1_000_000_000,
+                     "stage3_max_live_parameters": DS_MAX_REUSE_DISTANCE,
+                     "stage3_max_reuse_distance": DS_MAX_REUSE_DISTANCE,
                      "stage3_gather_16bit_weights_on_model_save": True})
     if lay.offload in ("optimizer", "optimizer+params"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.spec.cluster.gpu != "cpu"}

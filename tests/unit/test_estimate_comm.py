@@ -115,3 +115,39 @@ def test_tp_layer_comm_four_all_reduces_six_with_full_recompute():
     assert b6 == pytest.approx(1.5 * b)
     bsp, tsp = tensor_parallel_layer_comm(tokens=2048, hidden=4096, pl=pl, sp=True, full_recompute=False, hw=h)
     assert bsp == pytest.approx(b) and t < tsp < 1.1 * t   # same volume as RS + AG pairs, twice the calls
+
+
+def test_legacy_deepspeed_zero3_exposes_every_gather_and_pays_n_copies():
+    """DeepSpeed < 0.5 (estimate/engines.py ds_list_collectives): per-parameter gathers after a
+    torch.cuda.synchronize() hide nothing, and each list collective adds n copy kernels, so at a fixed
+    per-rank volume the exposed time grows with the ring; the DeepSpeed orch writes for hides behind compute."""
+    from orchestrator.estimate.engines import ds_list_collectives
+
+    assert ds_list_collectives("0.3.16") and ds_list_collectives("0.4.9")
+    assert not ds_list_collectives("0.5.0") and not ds_list_collectives(None)   # None: 0.19.8, what orch writes
+    h = hw(num_nodes=192)
+    kw = dict(zero_stage=3, num_microbatches=1, forward_window_s=100.0, backward_window_s=200.0)
+    now = data_parallel_comm(work(**kw), Placement(1536, 8, 192), 1.0, h)
+    old = {n: data_parallel_comm(work(**kw, list_collectives=True), Placement(n, 8, n // 8), 1.0, h)
+           for n in (384, 1536)}
+    assert now.exposed_s < 0.01 * now.time_s
+    assert old[1536].exposed_s > 0.99 * (old[1536].time_s - old[1536].reduce_s)
+    units = 24 * 4 + 1
+    extra = old[1536].time_s - old[384].time_s
+    assert extra > 3 * units * (1536 - 384) * h.kernel_gap_s   # fwd + bwd gathers and reduce: n copies each, + ring
+
+
+def test_deepspeed_keeps_recomputed_modules_gathered_within_the_reuse_distance():
+    """stage3_max_reuse_distance (1e9, what orch writes): a module used again within 1e9 elements of other
+    modules stays gathered. GPT-3 175B (h 12288): only the MLP-out weight survives from the recompute to
+    the backward (2/3 of a pass re-gathered, + the recompute's pass); a 1.3B-sized model keeps all four (and the last layers' recompute finds them still gathered);
+    a model smaller than the distance is never re-gathered."""
+    from orchestrator.estimate.engines import ds_backward_regather_share
+
+    def mods(h):
+        return (3 * h * h, h * h, 4 * h * h, 4 * h * h)
+    assert ds_backward_regather_share(mods(12288), 96, True) == pytest.approx(1 + 8 / 12)
+    assert ds_backward_regather_share(mods(12288), 96, False) < 1
+    assert 0.5 < ds_backward_regather_share(mods(2048), 24, True) < 1   # and the last layers' recompute
+    assert ds_backward_regather_share(mods(256), 4, True) == 0
+    assert ds_backward_regather_share(mods(12288), 96, True, max_reuse=0) == pytest.approx(2)

@@ -112,3 +112,18 @@ def test_lighter_first_stage_moves_the_memory_bottleneck_to_the_second():
     per = layer_activation_bytes(ctx.shape, 8, True, "selective", 1)
     acts = estimate_activations(ctx.shape, 8, 16, 1, True, "selective", 1, 64, 129024, 2, stage_split(126, 16, 7, 7))
     assert uneven.activations_bytes == acts.middle_stage_bytes == 15 * 8 * per + acts.working_bytes
+
+
+def test_zero3_live_unit_is_deepspeeds_module_or_megatrons_layer():
+    """DeepSpeed gathers (and its memory estimator counts) the largest single module, for GPT-3 7.5B the
+    MLP's 4h^2 weight or the embedding; Megatron FSDP a whole layer (12h^2 + biases and norms)."""
+    import dataclasses
+
+    ctx = _ctx()
+    lay = Layout(tp=1, pp=1, vpp=1, dp=64, zero_stage=3, micro_batch_size=1, sequence_parallel=False,
+                 recompute="full", offload="none")
+    h, v = ctx.shape.hidden_size, 51200
+    ds = estimate_memory(dataclasses.replace(ctx, engine="deepspeed"), lay).overheads.zero3_live_bytes
+    mg = estimate_memory(dataclasses.replace(ctx, engine="megatron"), lay).overheads.zero3_live_bytes
+    assert ds == 4 * max(4 * h * h, v * h)
+    assert mg > 4 * 12 * h * h

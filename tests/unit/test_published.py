@@ -24,7 +24,7 @@ from orchestrator.estimate.flops import estimate_flops, narayanan_flops
 from orchestrator.estimate.memory import DEEPSPEED, ZERO3_LIVE_FACTOR, estimate_model_states
 from orchestrator.estimate.step import EstimateContext, estimate_memory
 from orchestrator.planner import search
-from orchestrator.published import load_cases, published_estimate, throughput_spec
+from orchestrator.published import case_engine_version, load_cases, published_estimate, throughput_spec
 from tests.conftest import ROOT
 
 CASES = load_cases(ROOT / "tests" / "data" / "published-cases.json")
@@ -134,3 +134,18 @@ def test_every_published_run_is_judged_to_fit(case):
     est = published_estimate(case)
     assert est.fits
     assert max(est.memory.stage_totals.values()) <= est.memory.usable_bytes
+
+
+def test_deepspeed_cases_run_the_deepspeed_of_their_time():
+    """A DeepSpeed case states its release or gets the one of its source's year: up to 2021 the ZeRO-3 of
+    0.3.x-0.4.x (estimate/engines.py); later, and every Megatron case, the DeepSpeed orch writes for."""
+    zero3 = [c for c in THROUGHPUT if c["id"].startswith("narayanan2021_t2_zero3")]
+    assert zero3 and all(case_engine_version(c) == "0.4" for c in zero3)
+    later = {**zero3[0], "source": "Someone et al. 2023"}
+    stated = {**zero3[0], "published": {**zero3[0]["published"], "engine_version": "0.9.2"}}
+    assert case_engine_version(later) is None and case_engine_version(stated) == "0.9.2"
+    assert all(case_engine_version(c) is None for c in THROUGHPUT if c["published"].get("engine") != "deepspeed")
+    # at a fixed global batch, the legacy runtime's per-rank overhead grows with the ring: step time no
+    # longer halves when the GPUs double (144 -> 88 TFLOP/s published from 384 to 768 GPUs)
+    a, b = (published_estimate(c) for c in zero3[:2])
+    assert b.step_time_s > 0.6 * a.step_time_s
