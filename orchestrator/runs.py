@@ -34,8 +34,8 @@ from pathlib import Path
 from .errors import OrchError, Problem, SpecError
 from .layout import Layout, require_complete
 from .spec import SPEC_VERSION, Spec, parse_spec
+from .telemetry.sinks import METRICS_FILE, parse_record
 
-METRICS_FILE = "metrics.jsonl"
 RUN_DIR_FILES = ("spec.resolved.yaml", "plan.json")
 WANDB_PATH = re.compile(r"^(?:wandb://)?([\w.-]+)/([\w.-]+)/(?:runs/)?([\w.-]+)$")
 WANDB_URL = re.compile(r"^https?://[^/]+/([\w.-]+)/([\w.-]+)/runs/([\w.-]+)/?(?:\?.*)?$")
@@ -130,11 +130,12 @@ def _from_run_dir(source: str, root: Path) -> MeasuredRun:
 
 
 def _spec_version_of(source: str, root: Path):
-    import yaml  # noqa: PLC0415
+    from .userfiles import parse_yaml, read_user_text  # noqa: PLC0415
 
-    try:
-        data = yaml.safe_load((root / "spec.resolved.yaml").read_text())
-    except (OSError, yaml.YAMLError):
+    path = root / "spec.resolved.yaml"
+    try:       # the bounded reader read_run_dir uses: a run dir given to compare is user input
+        data = parse_yaml(read_user_text(path), str(path))
+    except SpecError:
         return SPEC_VERSION   # read_run_dir reports what is wrong with the file
     return data.get("spec_version", SPEC_VERSION) if isinstance(data, dict) else SPEC_VERSION
 
@@ -159,14 +160,10 @@ def read_records(source: str, path: Path) -> list[dict]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as e:
+        record = parse_record(line)
+        if record is None:
             if number < len(lines):
-                problems.append(Problem(f"{path}:{number}", f"not a JSON record: {getattr(e, 'msg', e)}"))
-            continue
-        if not isinstance(record, dict):
-            problems.append(Problem(f"{path}:{number}", "not a JSON object record"))
+                problems.append(Problem(f"{path}:{number}", "not a JSON record (one JSON object per line)"))
             continue
         problems.extend(Problem(f"{path}:{number}", message) for message in record_problems(record))
         records.append(record)
