@@ -522,12 +522,19 @@ def validate_ds_config_file(path: str | os.PathLike, *, world_size: int | None, 
     return _deep_check(config, world_size, model_parallel_size, where, notes)
 
 
-def _deep_check(config: dict, world_size: int | None, model_parallel_size: int, path: str,
-                notes: list[str] | None) -> list[Problem]:
+def deep_check_sizes(config: dict, world_size: int | None, model_parallel_size: int) -> tuple[int, int]:
+    """(world size, dp) the deep check asks DeepSpeed about; prefetch.py asks the same (its answers are
+    cached by config and dp)."""
     model_parallel_size *= _sequence_parallel_size(config)   # Ulysses ranks share the data-parallel batch
     target = world_size if world_size is not None else _implied_world_size(config, model_parallel_size)
+    return target, target // model_parallel_size
+
+
+def _deep_check(config: dict, world_size: int | None, model_parallel_size: int, path: str,
+                notes: list[str] | None) -> list[Problem]:
+    target, dp = deep_check_sizes(config, world_size, model_parallel_size)
     try:
-        result = probe_ds_configs([ProbeRequest(config, target // model_parallel_size, path)])[0]
+        result = probe_ds_configs([ProbeRequest(config, dp, path)])[0]
     except DeepSpeedUnavailable as error:
         _note(notes, f"{path}: {error}")
         return []

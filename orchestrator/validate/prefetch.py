@@ -45,7 +45,7 @@ def prefetch_deep_checks(paths: list[str], *, world_size: int | None, model_para
                 ds += _ds_file(path, world_size, model_parallel_size)
             elif kind == "megatron_config":
                 core.append(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError, ImportError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError):
             continue
     return _ask(ds, core)
 
@@ -71,11 +71,12 @@ def _ask(ds: list, core: list[dict]) -> int:
 def _run_dir_ds(path: Path) -> list:
     from ..rundir import read_run_dir  # noqa: PLC0415
     from ._ds_probe import ProbeRequest  # noqa: PLC0415
+    from .deepspeed import deep_check_sizes  # noqa: PLC0415
 
     run = read_run_dir(path)
-    lay = run.spec.parallelism
-    return [ProbeRequest(run.ds_config, run.spec.world_size // (lay.tensor * lay.pipeline),
-                         str(path / "ds_config.json"))]
+    lay = run.spec.parallelism      # what validate/rundir.py passes to the per-path check
+    _, dp = deep_check_sizes(run.ds_config, run.spec.world_size, lay.tensor * lay.pipeline)
+    return [ProbeRequest(run.ds_config, dp, str(path / "ds_config.json"))]
 
 
 def _run_dir_core(path: Path) -> list[dict]:
@@ -90,8 +91,8 @@ def _run_dir_core(path: Path) -> list[dict]:
 
 def _ds_file(path: Path, world_size: int | None, model_parallel_size: int) -> list:
     from ._ds_probe import ProbeRequest  # noqa: PLC0415
-    from .deepspeed import _implied_world_size  # noqa: PLC0415
+    from .deepspeed import deep_check_sizes  # noqa: PLC0415
 
     config = json.loads(path.read_text())
-    target = world_size if world_size is not None else _implied_world_size(config, model_parallel_size)
-    return [ProbeRequest(config, target // model_parallel_size, str(path))]
+    _, dp = deep_check_sizes(config, world_size, model_parallel_size)
+    return [ProbeRequest(config, dp, str(path))]

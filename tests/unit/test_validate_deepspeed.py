@@ -433,3 +433,17 @@ def test_key_data_has_every_name_the_rules_use():
     assert "enabled" in KEYS.SECTIONS["bf16"]["keys"] and "enabled" in KEYS.SECTIONS["fp16"]["keys"]
     assert set(KEYS.SECTIONS["optimizer"]["keys"]) >= {"type", "params"}
     assert "type" in KEYS.SECTIONS["scheduler"]["keys"] and "stages" in KEYS.SECTIONS["pipeline"]["keys"]
+
+
+@pytest.mark.parametrize("world_size", [8, None])
+def test_prefetch_asks_deepspeed_at_the_dp_the_per_path_check_uses(tmp_path, world_size):
+    """Ulysses ranks share the batch (dp = world / (mp * sp)): the prefetch must warm the very cache entry
+    the per-path deep check then reads (answers are cached by config and dp)."""
+    from orchestrator.validate.deepspeed import deep_check_sizes
+    from orchestrator.validate.prefetch import _ds_file
+
+    config = good_config(1) | {"sequence_parallel_size": 2, "train_batch_size": 4 * 2}
+    path = tmp_path / F
+    path.write_text(json.dumps(config))
+    [request] = _ds_file(path, world_size, 2)
+    assert request.data_parallel_size == deep_check_sizes(config, world_size, 2)[1] == 2
