@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from orchestrator import layout  # noqa: E402
 from orchestrator.estimate import activations, comm, compute, context, layer, moe, params, step  # noqa: E402
 from orchestrator.planner import search  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
@@ -24,7 +25,7 @@ TARGETS = {64: 2.0, 4096: 5.0}
 CACHED = (params.estimate_params, params.expert_params_per_layer_per_rank, activations.estimate_activations,
           compute.estimate_layer_time, compute.matmul_efficiency, compute.head_time_s, compute.embedding_time_s,
           comm._nccl_collective, layer.rank_layer, moe.moe_mlp_times, moe.expert_layer_comm,
-          context.context_layer_comm, context.rank_shape, step._split, step._adjusted_activations,
+          context.context_layer_comm, context.rank_shape, layout._split, step._adjusted_activations,
           step._data_parallel_comm)
 
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import Problem, SpecError
-from ..layout import FIELD_PATHS, Layout, check_layout
+from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
 from ..spec import Spec, default_engine, default_host_memory_GiB
-from ..stages import StageSplit, accounted_split, stage_split
+from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
 from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
                    ring_bytes, tensor_parallel_layer_comm)
@@ -153,14 +153,7 @@ def num_microbatches(ctx: EstimateContext, lay: Layout) -> int:
 
 
 def split_of(ctx: EstimateContext, lay: Layout) -> StageSplit:
-    return _split(ctx.shape.num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers,
-                  bool(lay.account_split))
-
-
-@lru_cache(maxsize=4096)
-def _split(num_layers: int, pp: int, first: int | None, last: int | None, accounted: bool) -> StageSplit:
-    """Layers per stage (cached: the planner asks for the same few splits many times)."""
-    return accounted_split(num_layers, pp) if accounted else stage_split(num_layers, pp, first, last)
+    return layout_split(ctx.shape.num_layers, lay)
 
 
 def params_of(ctx: EstimateContext, lay: Layout) -> ParamsEstimate:
