@@ -348,7 +348,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     host_mb = cost.pipeline_microbatch_host_s if ctx.engine == "deepspeed" and pp > 1 else 0.0
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
                            p2p_s=x_exposed + host_mb)
-    engine_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0
+    pipe_host_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0   # part of the pipeline's time
     reduce_layers = _layers_holding_most_params(split, params)
     def dp_work(elements: float) -> DataParallelWork:
         return DataParallelWork(
@@ -361,16 +361,16 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.link == "loopback" else 0.0
-    engine_s += offload_host_s(ctx, lay, reduce_layers) + step_host_s
+    offload_host = offload_host_s(ctx, lay, reduce_layers)
     if ctx.precision == "fp8":
         optimizer_s += weight_cast_s(params.per_gpu, hw)
     fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m)
-    engine_s += fetch_host_s
+    engine_s = pipe_host_s + (offload_host + step_host_s) + fetch_host_s
     tp_total = m * stage_layers * tp_s
     hidden_comm = (dp_comm.time_s - dp_comm.exposed_s) + tp_hidden * tp_total
     contention = min(1.0, cost.comm_channels / hw.num_sms) * hidden_comm
     step = (pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s + contention
-            + offload_host_s(ctx, lay, reduce_layers) + step_host_s)
+            + offload_host + step_host_s)
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
                         dp_reduce_s=dp_comm.reduce_s,
@@ -380,7 +380,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                         ep_exposed_s=m * stage_layers * ep_exposed,
                         cp_bytes=m * stage_layers * rl.cp_bytes, cp_s=m * stage_layers * rl.cp_s,
                         cp_exposed_s=m * stage_layers * rl.cp_exposed_s)
-    fill = pipe - m * (slowest + x_exposed) - (engine_s - fetch_host_s - offload_host_s(ctx, lay, reduce_layers) - step_host_s)
+    fill = pipe - m * (slowest + x_exposed) - pipe_host_s
     breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * (tp_exposed + ep_exposed + rl.cp_exposed_s)),
                               bubble_s=fill, ep_exposed_s=comm.ep_exposed_s, cp_exposed_s=comm.cp_exposed_s,
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
