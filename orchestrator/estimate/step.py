@@ -176,10 +176,16 @@ def grad_sync_size(lay: Layout) -> int:
     return lay.dp * lay.cp
 
 
+def _expert_elements(ctx: EstimateContext, lay: Layout, elements: float, layers: int) -> float:
+    """Of a rank's ``elements`` parameters on ``layers`` layers, those of routed experts (0 when dense)."""
+    if ctx.shape.moe is None:
+        return 0.0
+    return min(elements, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp))
+
+
 def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> ModelStatesEstimate:
     """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
-    expert = min(psi, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp)) \
-        if ctx.shape.moe is not None else 0.0
+    expert = _expert_elements(ctx, lay, psi, layers)
     dense = estimate_model_states(psi - expert, grad_sync_size(lay), lay.zero_stage, lay.offload, ctx.precision)
     if ctx.precision == "fp8":
         dense = ModelStatesEstimate(dense.params_bytes + fp8_weight_bytes(psi), dense.grads_bytes,
@@ -398,8 +404,7 @@ def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, lay
     the expert-data-parallel group (edp ranks, etp * ep apart: expert ranks are ordered etp -> ep -> edp).
     ``work(elements)`` builds the DataParallelWork of that many parameters."""
     gpn, cost, hw = ctx.hw.gpus_per_node, ctx.cost, ctx.hw
-    expert = min(elements, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp)) \
-        if ctx.shape.moe is not None else 0.0
+    expert = _expert_elements(ctx, lay, elements, layers)
     overlap = dp_overlap_fraction(cost, hw)
     dense = _data_parallel_comm(work(elements - expert), group_placement(grad_sync_size(lay), lay.tp, gpn),
                                 overlap, hw)
