@@ -23,14 +23,10 @@ from typing import Callable
 
 from .catalog.gpus import GPUS
 from .errors import Problem
-from .layout import FIELD_PATHS, Layout, _known
+from .layout import FIELD_PATHS, Layout, _known, engine_of
 from .spec import Spec
 
 FP8_ALIGNMENT = 16   # TE FP8 GEMMs: both GEMM dimensions of a weight a multiple of 16 (TE docs)
-
-
-def engine_of(spec: Spec) -> str:
-    return spec.training.engine or "megatron"
 
 
 # --- the model ----------------------------------------------------------------------------------
