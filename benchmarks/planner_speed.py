@@ -13,9 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.estimate import activations, comm, compute, params  # noqa: E402
+from benchmarks.cold import clear_orch_caches  # noqa: E402
 from orchestrator.planner import search  # noqa: E402
-from orchestrator.stages import balanced_split  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
 
 RUNS = 5
@@ -23,14 +22,10 @@ TARGET_S = 2.0
 SPEC = {"name": "gpt3-1t-3072xa100", "model": {"preset": "gpt3-1t"},
         "cluster": {"gpu": "a100-80gb", "num_nodes": 384, "gpus_per_node": 8},
         "training": {"global_batch_size": 3072, "precision": "bf16"}}
-CACHED = (params.estimate_params, activations.estimate_activations, compute.estimate_layer_time,
-          compute.matmul_efficiency, compute.head_time_s, compute.embedding_time_s, balanced_split,
-          comm._nccl_collective)
 
 
 def cold_search(spec):
-    for fn in CACHED:
-        fn.cache_clear()
+    clear_orch_caches()
     start = time.perf_counter()
     result = search(spec, top_k=5)
     return time.perf_counter() - start, result

@@ -15,17 +15,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.estimate import activations, comm, compute, context, layer, moe, params, step  # noqa: E402
+from benchmarks.cold import clear_orch_caches  # noqa: E402
 from orchestrator.planner import search  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
 
 RUNS = 3
 TARGETS = {64: 2.0, 4096: 5.0}
-CACHED = (params.estimate_params, params.expert_params_per_layer_per_rank, activations.estimate_activations,
-          compute.estimate_layer_time, compute.matmul_efficiency, compute.head_time_s, compute.embedding_time_s,
-          comm._nccl_collective, layer.rank_layer, moe.moe_mlp_times, moe.expert_layer_comm,
-          context.context_layer_comm, context.rank_shape, step._split, step._adjusted_activations,
-          step._data_parallel_comm)
 
 
 def mixtral(gpus: int) -> dict:
@@ -35,8 +30,7 @@ def mixtral(gpus: int) -> dict:
 
 
 def cold_search(spec):
-    for fn in CACHED:
-        fn.cache_clear()
+    clear_orch_caches()
     start, cpu = time.perf_counter(), time.process_time()
     result = search(spec, top_k=5)
     return time.perf_counter() - start, time.process_time() - cpu, result

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Optional
 
 from .errors import Problem, SpecError
@@ -121,9 +122,14 @@ def fixed_context(spec: Spec) -> int | None:
 
 def layout_split(num_layers: int, layout: Layout) -> StageSplit:
     """Layers per pipeline stage of a complete layout that passed the rules."""
-    if layout.account_split:
-        return accounted_split(num_layers, layout.pp)
-    return stage_split(num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers)
+    return _split(num_layers, layout.pp, layout.first_stage_layers, layout.last_stage_layers,
+                  bool(layout.account_split))
+
+
+@lru_cache(maxsize=4096)
+def _split(num_layers: int, pp: int, first: int | None, last: int | None, accounted: bool) -> StageSplit:
+    """Layers per stage (cached: the planner asks for the same few splits many times)."""
+    return accounted_split(num_layers, pp) if accounted else stage_split(num_layers, pp, first, last)
 
 
 def grad_accum_steps(spec: Spec, layout: Layout) -> int:

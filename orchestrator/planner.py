@@ -33,6 +33,7 @@ from .estimate.cost import CostModel
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
 from .estimate.uncertainty import plus_minus
 from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
+from .parallel_rules import rule_fp8_dims, rule_fp8_engine_gpu
 from .spec import ParallelismSpec, Spec
 from .stages import accounted_split, balanced_split, split_issues, stage_split
 
@@ -96,7 +97,6 @@ def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list
     if spec.training.precision != "bf16":
         return []
     fp8 = dataclasses.replace(spec, training=dataclasses.replace(spec.training, precision="fp8"))
-    from .parallel_rules import rule_fp8_dims, rule_fp8_engine_gpu  # noqa: PLC0415
     if rule_fp8_engine_gpu(fp8, chosen.layout) or rule_fp8_dims(fp8, chosen.layout):
         return []
     est = estimate(EstimateContext.of(fp8, cost), chosen.layout)

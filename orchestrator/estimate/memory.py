@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .activations import ActivationsEstimate
 from .cost import CostModel
 
 PAPER = "zero-paper"
@@ -176,7 +175,3 @@ def busiest_stage(first: MemoryEstimate, last: MemoryEstimate, middle: MemoryEst
 def with_stage_totals(busiest: MemoryEstimate, stages: list[MemoryEstimate]) -> MemoryEstimate:
     """``busiest`` recording the peak per rank of every stage kind (the LAYOUT record's memory.stages)."""
     return dataclasses.replace(busiest, stage_totals={m.stage: m.total_bytes for m in stages})
-
-
-def activation_bytes_for(acts: ActivationsEstimate, stage: str) -> int:
-    return {"first": acts.first_stage_bytes, "last": acts.last_stage_bytes, "middle": acts.middle_stage_bytes}[stage]

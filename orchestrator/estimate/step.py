@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import Problem, SpecError
-from ..layout import FIELD_PATHS, Layout, check_layout
+from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
 from ..spec import Spec, default_engine, default_host_memory_GiB
-from ..stages import StageSplit, accounted_split, stage_split
+from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
 from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
                    ring_bytes, tensor_parallel_layer_comm)
@@ -153,14 +153,7 @@ def num_microbatches(ctx: EstimateContext, lay: Layout) -> int:
 
 
 def split_of(ctx: EstimateContext, lay: Layout) -> StageSplit:
-    return _split(ctx.shape.num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers,
-                  bool(lay.account_split))
-
-
-@lru_cache(maxsize=4096)
-def _split(num_layers: int, pp: int, first: int | None, last: int | None, accounted: bool) -> StageSplit:
-    """Layers per stage (cached: the planner asks for the same few splits many times)."""
-    return accounted_split(num_layers, pp) if accounted else stage_split(num_layers, pp, first, last)
+    return layout_split(ctx.shape.num_layers, lay)
 
 
 def params_of(ctx: EstimateContext, lay: Layout) -> ParamsEstimate:
@@ -183,10 +176,16 @@ def grad_sync_size(lay: Layout) -> int:
     return lay.dp * lay.cp
 
 
+def _expert_elements(ctx: EstimateContext, lay: Layout, elements: float, layers: int) -> float:
+    """Of a rank's ``elements`` parameters on ``layers`` layers, those of routed experts (0 when dense)."""
+    if ctx.shape.moe is None:
+        return 0.0
+    return min(elements, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp))
+
+
 def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> ModelStatesEstimate:
     """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
-    expert = min(psi, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp)) \
-        if ctx.shape.moe is not None else 0.0
+    expert = _expert_elements(ctx, lay, psi, layers)
     dense = estimate_model_states(psi - expert, grad_sync_size(lay), lay.zero_stage, lay.offload, ctx.precision)
     if ctx.precision == "fp8":
         dense = ModelStatesEstimate(dense.params_bytes + fp8_weight_bytes(psi), dense.grads_bytes,
@@ -355,7 +354,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     host_mb = cost.pipeline_microbatch_host_s if ctx.engine == "deepspeed" and pp > 1 else 0.0
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
                            p2p_s=x_exposed + host_mb)
-    engine_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0
+    pipe_host_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0   # part of the pipeline's time
     reduce_layers = _layers_holding_most_params(split, params)
     def dp_work(elements: float) -> DataParallelWork:
         return DataParallelWork(
@@ -368,16 +367,16 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
     step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.link == "loopback" else 0.0
-    engine_s += offload_host_s(ctx, lay, reduce_layers) + step_host_s
+    offload_host = offload_host_s(ctx, lay, reduce_layers)
     if ctx.precision == "fp8":
         optimizer_s += weight_cast_s(params.per_gpu, hw)
     fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m)
-    engine_s += fetch_host_s
+    engine_s = pipe_host_s + (offload_host + step_host_s) + fetch_host_s
     tp_total = m * stage_layers * tp_s
     hidden_comm = (dp_comm.time_s - dp_comm.exposed_s) + tp_hidden * tp_total
     contention = min(1.0, cost.comm_channels / hw.num_sms) * hidden_comm
     step = (pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s + contention
-            + offload_host_s(ctx, lay, reduce_layers) + step_host_s)
+            + offload_host + step_host_s)
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
                         dp_reduce_s=dp_comm.reduce_s,
@@ -387,7 +386,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                         ep_exposed_s=m * stage_layers * ep_exposed,
                         cp_bytes=m * stage_layers * rl.cp_bytes, cp_s=m * stage_layers * rl.cp_s,
                         cp_exposed_s=m * stage_layers * rl.cp_exposed_s)
-    fill = pipe - m * (slowest + x_exposed) - (engine_s - fetch_host_s - offload_host_s(ctx, lay, reduce_layers) - step_host_s)
+    fill = pipe - m * (slowest + x_exposed) - pipe_host_s
     breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * (tp_exposed + ep_exposed + rl.cp_exposed_s)),
                               bubble_s=fill, ep_exposed_s=comm.ep_exposed_s, cp_exposed_s=comm.cp_exposed_s,
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
@@ -405,8 +404,7 @@ def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, lay
     the expert-data-parallel group (edp ranks, etp * ep apart: expert ranks are ordered etp -> ep -> edp).
     ``work(elements)`` builds the DataParallelWork of that many parameters."""
     gpn, cost, hw = ctx.hw.gpus_per_node, ctx.cost, ctx.hw
-    expert = min(elements, layers * expert_params_per_layer_per_rank(ctx.shape, lay.ep, lay.etp)) \
-        if ctx.shape.moe is not None else 0.0
+    expert = _expert_elements(ctx, lay, elements, layers)
     overlap = dp_overlap_fraction(cost, hw)
     dense = _data_parallel_comm(work(elements - expert), group_placement(grad_sync_size(lay), lay.tp, gpn),
                                 overlap, hw)

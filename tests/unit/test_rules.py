@@ -1,6 +1,9 @@
 """Cross-field rules: each one fires on its own, shows its operands, and says how to fix it."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from orchestrator.errors import SpecError
@@ -157,3 +160,10 @@ def test_batch_hint_names_two_different_multiples_or_one():
         with pytest.raises(SpecError) as info:
             parse_spec(data)
         assert any(p.hint.endswith(hint) for p in info.value.problems), info.value.problems
+
+
+def test_parallel_rules_imports_before_layout():
+    """layout.py and parallel_rules.py import each other; either may be imported first (a fresh process)."""
+    code = "import orchestrator.parallel_rules, orchestrator.layout as L; print(len(L.LAYOUT_RULES))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
