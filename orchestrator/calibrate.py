@@ -401,19 +401,26 @@ class CalibrationFile:
         return self.cost
 
 
-def load_calibration(path: str | Path) -> CalibrationFile:
-    """Read and validate calib.json: unknown keys, wrong types and out-of-range values are SpecErrors."""
+def read_json(path: str | Path, write_hint: str):
+    """A JSON file's content, or SpecError naming the file (and line:col) and what is wrong with it;
+    ``write_hint`` says how to write the file when it is missing."""
     where = str(path)
     try:
-        data = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise SpecError(Problem(where, "no such file", "write one with `orch calibrate RUN... -o FILE`")) from None
+        raise SpecError(Problem(where, "no such file", write_hint)) from None
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(Problem(where, f"cannot read: {e.__class__.__name__}")) from None
     except json.JSONDecodeError as e:
         raise SpecError(Problem(f"{where}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}")) from None
     except (RecursionError, ValueError) as e:     # nesting too deep, an integer over Python's digit limit
         raise SpecError(Problem(where, f"invalid JSON: {e.__class__.__name__}: {str(e)[:120]}")) from None
+
+
+def load_calibration(path: str | Path) -> CalibrationFile:
+    """Read and validate calib.json: unknown keys, wrong types and out-of-range values are SpecErrors."""
+    where = str(path)
+    data = read_json(path, "write one with `orch calibrate RUN... -o FILE`")
     problems = calibration_problems(data, where)
     terms = data.get("cost_model") if isinstance(data, dict) else None
     cost = None

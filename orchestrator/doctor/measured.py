@@ -11,9 +11,9 @@ its value and where it came from.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
+from ..calibrate import read_json
 from ..errors import Problem, SpecError
 from ..estimate.cost import CostModel
 from ..spec import Spec
@@ -27,13 +27,7 @@ FIGURES = {"intra_node_bandwidth_GBps": "intra_node_bandwidth_GBps",
 def load_doctor(path: str | Path) -> dict:
     """doctor.json's content, or SpecError naming the file and what is wrong with it."""
     where = str(path)
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SpecError(Problem(where, "no such file", "write one with `orch doctor RUN_DIR`")) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecError(Problem(where, f"not a doctor.json ({e.__class__.__name__})",
-                                "pass the doctor.json that `orch doctor` wrote into the run dir")) from None
+    data = read_json(path, "write one with `orch doctor RUN_DIR`")
     if not isinstance(data, dict) or data.get("doctor_version") != DOCTOR_VERSION or \
             not isinstance(data.get("measured"), dict):
         raise SpecError(Problem(where, f"not a doctor.json of version {DOCTOR_VERSION} (no measured figures)",
