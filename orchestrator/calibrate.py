@@ -53,7 +53,7 @@ from typing import Callable
 
 from . import __version__
 from .compare import median, run_labels, warmup_steps
-from .errors import Problem, SpecError
+from .errors import Problem, SpecError, raise_if
 from .estimate.cost import CostModel
 from .layout import Layout
 from .runs import MeasuredRun, load_runs
@@ -388,17 +388,21 @@ class CalibrationFile:
 
     def cost_for(self, spec: Spec) -> CostModel:
         """The calibrated CostModel, or SpecError when the spec is for another GPU or precision."""
-        problems = []
-        for key, have in (("gpu", spec.cluster.gpu), ("precision", spec.training.precision)):
-            want = self.cluster.get(key)
-            if want is not None and want != have:
-                where = "cluster.gpu" if key == "gpu" else "training.precision"
-                problems.append(Problem(f"{self.path}: cluster.{key}",
-                                        f"fitted on {want!r} runs, but the spec's {where} is {have!r}",
-                                        "calibrate on runs of this cluster and precision, or drop --calibration"))
-        if problems:
-            raise SpecError(problems)
+        raise_if(spec_mismatches(self.cluster, spec, f"{self.path}: cluster", "fitted on {!r} runs",
+                                 "calibrate on runs of this cluster and precision, or drop --calibration"))
         return self.cost
+
+
+def spec_mismatches(recorded: dict, spec: Spec, where: str, what: str, fix: str) -> list[Problem]:
+    """A Problem for the GPU and the precision when ``recorded`` (what a file was made on) names another than
+    the spec's; ``what`` is a format with one ``{!r}`` for the recorded value ("fitted on {!r} runs")."""
+    problems = []
+    for key, field, have in (("gpu", "cluster.gpu", spec.cluster.gpu),
+                             ("precision", "training.precision", spec.training.precision)):
+        want = recorded.get(key)
+        if want is not None and want != have:
+            problems.append(Problem(f"{where}.{key}", f"{what.format(want)}, but the spec's {field} is {have!r}", fix))
+    return problems
 
 
 def read_json(path: str | Path, write_hint: str):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ..calibrate import read_json
-from ..errors import Problem, SpecError
+from ..calibrate import read_json, spec_mismatches
+from ..errors import Problem, SpecError, raise_if
 from ..estimate.cost import CostModel
 from ..spec import Spec
 from .report import DOCTOR_VERSION
@@ -49,14 +49,8 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
     from ..catalog.gpus import GPUS  # noqa: PLC0415
 
     data = load_doctor(path)
-    problems = []
-    for key, have in (("gpu", spec.cluster.gpu), ("precision", spec.training.precision)):
-        want = (data.get("spec") or {}).get(key)
-        if want is not None and want != have:
-            problems.append(Problem(f"{path}: spec.{key}", f"measured on {want!r}, but the spec has {have!r}",
-                                    "measure this cluster with `orch doctor` on a run dir of this spec"))
-    if problems:
-        raise SpecError(problems)
+    raise_if(spec_mismatches(data.get("spec") or {}, spec, f"{path}: spec", "measured on {!r}",
+                             "measure this cluster with `orch doctor` on a run dir of this spec"))
     measured, terms, figures = data["measured"], {}, {}
     for name, field in FIGURES.items():
         value = measured.get(name)
