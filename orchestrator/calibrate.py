@@ -53,7 +53,7 @@ from typing import Callable
 
 from . import __version__
 from .compare import median, run_labels, warmup_steps
-from .errors import Problem, SpecError
+from .errors import Problem, SpecError, raise_if
 from .estimate.cost import CostModel
 from .layout import Layout
 from .runs import MeasuredRun, load_runs
@@ -388,32 +388,43 @@ class CalibrationFile:
 
     def cost_for(self, spec: Spec) -> CostModel:
         """The calibrated CostModel, or SpecError when the spec is for another GPU or precision."""
-        problems = []
-        for key, have in (("gpu", spec.cluster.gpu), ("precision", spec.training.precision)):
-            want = self.cluster.get(key)
-            if want is not None and want != have:
-                where = "cluster.gpu" if key == "gpu" else "training.precision"
-                problems.append(Problem(f"{self.path}: cluster.{key}",
-                                        f"fitted on {want!r} runs, but the spec's {where} is {have!r}",
-                                        "calibrate on runs of this cluster and precision, or drop --calibration"))
-        if problems:
-            raise SpecError(problems)
+        raise_if(spec_mismatches(self.cluster, spec, f"{self.path}: cluster", "fitted on {!r} runs",
+                                 "calibrate on runs of this cluster and precision, or drop --calibration"))
         return self.cost
 
 
-def load_calibration(path: str | Path) -> CalibrationFile:
-    """Read and validate calib.json: unknown keys, wrong types and out-of-range values are SpecErrors."""
+def spec_mismatches(recorded: dict, spec: Spec, where: str, what: str, fix: str) -> list[Problem]:
+    """A Problem for the GPU and the precision when ``recorded`` (what a file was made on) names another than
+    the spec's; ``what`` is a format with one ``{!r}`` for the recorded value ("fitted on {!r} runs")."""
+    problems = []
+    for key, field, have in (("gpu", "cluster.gpu", spec.cluster.gpu),
+                             ("precision", "training.precision", spec.training.precision)):
+        want = recorded.get(key)
+        if want is not None and want != have:
+            problems.append(Problem(f"{where}.{key}", f"{what.format(want)}, but the spec's {field} is {have!r}", fix))
+    return problems
+
+
+def read_json(path: str | Path, write_hint: str):
+    """A JSON file's content, or SpecError naming the file (and line:col) and what is wrong with it;
+    ``write_hint`` says how to write the file when it is missing."""
     where = str(path)
     try:
-        data = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise SpecError(Problem(where, "no such file", "write one with `orch calibrate RUN... -o FILE`")) from None
+        raise SpecError(Problem(where, "no such file", write_hint)) from None
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(Problem(where, f"cannot read: {e.__class__.__name__}")) from None
     except json.JSONDecodeError as e:
         raise SpecError(Problem(f"{where}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}")) from None
     except (RecursionError, ValueError) as e:     # nesting too deep, an integer over Python's digit limit
         raise SpecError(Problem(where, f"invalid JSON: {e.__class__.__name__}: {str(e)[:120]}")) from None
+
+
+def load_calibration(path: str | Path) -> CalibrationFile:
+    """Read and validate calib.json: unknown keys, wrong types and out-of-range values are SpecErrors."""
+    where = str(path)
+    data = read_json(path, "write one with `orch calibrate RUN... -o FILE`")
     problems = calibration_problems(data, where)
     terms = data.get("cost_model") if isinstance(data, dict) else None
     cost = None

@@ -21,15 +21,20 @@ class RunDirBusy(OrchError):
     """Another orch command or a live job holds the run dir."""
 
 
-def try_lock(run_dir: str | Path) -> int | None:
-    """An open descriptor holding the run dir's lock, or None when someone else holds it."""
+def _take(run_dir: str | Path, mode: int, refused: type[OSError] = BlockingIOError) -> int | None:
+    """An open descriptor holding the lock in ``mode`` (never blocks), or None when ``refused`` is raised."""
     fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except refused:
         os.close(fd)
         return None
     return fd
+
+
+def try_lock(run_dir: str | Path) -> int | None:
+    """An open descriptor holding the run dir's lock, or None when someone else holds it."""
+    return _take(run_dir, fcntl.LOCK_EX)
 
 
 def share(fd: int) -> None:
@@ -42,15 +47,9 @@ def hold_shared(run_dir: str | Path) -> int | None:
     """For a job's process: take the lock shared and keep it for the process's life (never blocks; None
     when an exclusive holder has it, or the file system has no locks)."""
     try:
-        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return _take(run_dir, fcntl.LOCK_SH, refused=OSError)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
 
 
 @contextmanager

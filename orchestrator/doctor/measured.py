@@ -11,10 +11,10 @@ its value and where it came from.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
-from ..errors import Problem, SpecError
+from ..calibrate import read_json, spec_mismatches
+from ..errors import Problem, SpecError, raise_if
 from ..estimate.cost import CostModel
 from ..spec import Spec
 from .report import DOCTOR_VERSION
@@ -27,13 +27,7 @@ FIGURES = {"intra_node_bandwidth_GBps": "intra_node_bandwidth_GBps",
 def load_doctor(path: str | Path) -> dict:
     """doctor.json's content, or SpecError naming the file and what is wrong with it."""
     where = str(path)
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SpecError(Problem(where, "no such file", "write one with `orch doctor RUN_DIR`")) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecError(Problem(where, f"not a doctor.json ({e.__class__.__name__})",
-                                "pass the doctor.json that `orch doctor` wrote into the run dir")) from None
+    data = read_json(path, "write one with `orch doctor RUN_DIR`")
     if not isinstance(data, dict) or data.get("doctor_version") != DOCTOR_VERSION or \
             not isinstance(data.get("measured"), dict):
         raise SpecError(Problem(where, f"not a doctor.json of version {DOCTOR_VERSION} (no measured figures)",
@@ -55,14 +49,8 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
     from ..catalog.gpus import GPUS  # noqa: PLC0415
 
     data = load_doctor(path)
-    problems = []
-    for key, have in (("gpu", spec.cluster.gpu), ("precision", spec.training.precision)):
-        want = (data.get("spec") or {}).get(key)
-        if want is not None and want != have:
-            problems.append(Problem(f"{path}: spec.{key}", f"measured on {want!r}, but the spec has {have!r}",
-                                    "measure this cluster with `orch doctor` on a run dir of this spec"))
-    if problems:
-        raise SpecError(problems)
+    raise_if(spec_mismatches(data.get("spec") or {}, spec, f"{path}: spec", "measured on {!r}",
+                             "measure this cluster with `orch doctor` on a run dir of this spec"))
     measured, terms, figures = data["measured"], {}, {}
     for name, field in FIGURES.items():
         value = measured.get(name)

@@ -131,20 +131,17 @@ def measure_pair(torch, dist, me: int, peer: int, first: bool, device, nbytes: i
     big, tiny = torch.ones(nbytes // 4, device=device), torch.ones(2, device=device)
     pingpong(big)()
     sync()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        pingpong(big)()
-        sync()
-        times.append((time.perf_counter() - t0) / 2)
-    lat = []
-    for _ in range(lat_iters):
-        t0 = time.perf_counter()
-        pingpong(tiny)()
-        sync()
-        lat.append((time.perf_counter() - t0) / 2)
-    t = statistics.median(times)
-    return {"bytes": nbytes, "p2p_GBps": nbytes / t / 1e9, "latency_s": statistics.median(lat)}
+    def one_way_s(buf, n: int) -> float:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            pingpong(buf)()
+            sync()
+            times.append((time.perf_counter() - t0) / 2)
+        return statistics.median(times)
+
+    t = one_way_s(big, iters)
+    return {"bytes": nbytes, "p2p_GBps": nbytes / t / 1e9, "latency_s": one_way_s(tiny, lat_iters)}
 
 
 # --- one rank --------------------------------------------------------------------------------------------

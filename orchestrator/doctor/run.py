@@ -169,7 +169,7 @@ def _slurm(run: RunDir, token: str, timeout_s: float, runner: CommandRunner, not
     if problems:
         return None, problems, None
     plan = slurm.build(run)
-    result = slurm._run_slurm(runner, plan.argv, cwd=plan.cwd, env={**plan.env, **_env(token)})
+    result = slurm.run_slurm(runner, plan.argv, cwd=plan.cwd, env={**plan.env, **_env(token)})
     job_id = slurm.parse_sbatch_output(result.stdout, result.stderr)
     record = JobRecord(backend="slurm", job_id=job_id, run_dir=str(run.path), submitted_unix=time.time(),
                        log_path=str(run.path / LOG_DIR / f"slurm-{job_id}.out"))
@@ -192,9 +192,9 @@ def slurm_node_problems(run: RunDir, runner: CommandRunner) -> list[dict]:
     """The partition must have num_nodes usable nodes (else the job would wait forever): sinfo's view."""
     s = run.spec.launch.slurm
     argv = ["sinfo", "-h", "-N", "-o", "%N %T"] + ([f"--partition={s.partition}"] if s.partition else [])
-    from ..launch.slurm import _run_slurm  # noqa: PLC0415
+    from ..launch.slurm import run_slurm  # noqa: PLC0415
 
-    out = _run_slurm(runner, argv, check=False)
+    out = run_slurm(runner, argv, check=False)
     if out.returncode != 0:
         return [{"host": "-", "rank": None, "what": "preflight",
                  "message": f"`{' '.join(argv)}` exited {out.returncode}: {(out.stderr or out.stdout).strip()[-300:]}"}]

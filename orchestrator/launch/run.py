@@ -1,7 +1,6 @@
 """launch_run_dir: build, submit, and (with wait) follow a job to its end, for any backend."""
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Callable
 from ..errors import OrchError, Problem, SpecError
 from ..rundir import RunDir, read_run_dir
 from . import backend_module
-from ..runlock import RunDirBusy, share, try_lock
+from ..runlock import locked, share
 from .base import CommandRunner, JobRecord, JobState, LaunchFailed
 from .guard import busy_message, check_intact, refuse_if_active
 from .progress import METRICS, StartupWatch, follow, format_progress
@@ -77,15 +76,10 @@ def submit_exclusive(run_dir: Path, module, plan, runner: CommandRunner) -> JobR
     """Submit under the run-dir lock, after checking that no recorded job is still active. The job inherits
     the lock (downgraded to shared: its ranks take it shared too), so it is held while any process of
     the job lives and released by the kernel when the last one exits."""
-    fd = try_lock(run_dir)
-    if fd is None:
-        raise RunDirBusy(busy_message(run_dir))
-    try:
+    with locked(run_dir, busy_message(run_dir)) as fd:
         refuse_if_active(run_dir, runner)
         share(fd)
         return module.submit(replace(plan, inherit_fds=(fd,)), runner)[0]
-    finally:
-        os.close(fd)
 
 
 def wait_for(module, record: JobRecord, runner: CommandRunner, *, metrics: Path, offset: int,

@@ -193,7 +193,7 @@ def _sbatch_shape(run: RunDir) -> list[str]:
 def submit(plan: LaunchPlan, runner: CommandRunner):
     """Run sbatch; returns (JobRecord, None). The record is saved in the run dir."""
     (plan.cwd / LOG_DIR).mkdir(exist_ok=True)   # slurmd does not create the --output directory
-    result = _run_slurm(runner, plan.argv, cwd=plan.cwd, env=plan.env)
+    result = run_slurm(runner, plan.argv, cwd=plan.cwd, env=plan.env)
     job_id = parse_sbatch_output(result.stdout, result.stderr)
     record = JobRecord(backend="slurm", job_id=job_id, run_dir=str(plan.cwd), submitted_unix=time.time(),
                        log_path=str(plan.cwd / SLURM_OUTPUT.replace("%j", job_id)),
@@ -206,7 +206,7 @@ def submit_sweep(plan: LaunchPlan, runner: CommandRunner) -> list[JobRecord]:
     """Submit a plan of :func:`build_sweep`; saves a record ``ARRAYID_i`` in each member run dir."""
     for path in plan.env["ORCH_SWEEP_RUN_DIRS"].split("\n"):
         (Path(path) / LOG_DIR).mkdir(exist_ok=True)
-    result = _run_slurm(runner, plan.argv, cwd=plan.cwd, env=plan.env)
+    result = run_slurm(runner, plan.argv, cwd=plan.cwd, env=plan.env)
     array_id = parse_sbatch_output(result.stdout, result.stderr)
     records = []
     for i, path in enumerate(plan.env["ORCH_SWEEP_RUN_DIRS"].split("\n")):
@@ -222,13 +222,13 @@ def submit_sweep(plan: LaunchPlan, runner: CommandRunner) -> list[JobRecord]:
 
 def query(job_id: str, runner: CommandRunner) -> list[SlurmJob] | None:
     """The job's (or array's) lines from scontrol; from sacct once scontrol forgot it; None if neither knows."""
-    result = _run_slurm(runner, ["scontrol", "show", "job", "-o", job_id], check=False)
+    result = run_slurm(runner, ["scontrol", "show", "job", "-o", job_id], check=False)
     if result.returncode == 0 and result.stdout.strip():
         return parse_scontrol_jobs(result.stdout)
     seen = (result.stderr or result.stdout).strip()
     if not any(text in seen for text in _FORGOTTEN):
         raise OrchError(f"`scontrol show job -o {job_id}` exited {result.returncode}: {seen[-500:]!r}")
-    acct = _run_slurm(runner, ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode"], check=False)
+    acct = run_slurm(runner, ["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode"], check=False)
     if acct.returncode != 0 or not acct.stdout.strip():
         return None   # no accounting (or not recorded): SLURM no longer knows the job
     return parse_sacct(acct.stdout)
@@ -250,7 +250,7 @@ def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
 def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> None:
     """scancel (SIGTERM to every rank: the trainer checkpoints), then wait until the job has ended."""
     runner = runner or CommandRunner()
-    result = _run_slurm(runner, ["scancel", record.job_id], check=False)
+    result = run_slurm(runner, ["scancel", record.job_id], check=False)
     if result.returncode != 0 and "already completing or completed" not in result.stderr + result.stdout:
         raise OrchError(f"`scancel {record.job_id}` exited {result.returncode}: "
                         f"{(result.stderr or result.stdout).strip()[-500:]}")
@@ -280,8 +280,10 @@ def failure_report(record: JobRecord, runner: CommandRunner | None, code: int) -
     return f"{head}; last lines of {err}:\n" + "\n".join("  " + line for line in tail_lines(err, 20))
 
 
-def _run_slurm(runner: CommandRunner, argv: list[str], *, cwd: Path | None = None, env: dict | None = None,
+def run_slurm(runner: CommandRunner, argv: list[str], *, cwd: Path | None = None, env: dict | None = None,
                check: bool = True):
+    """Run one SLURM client command (sbatch, squeue, sacct, scancel, sinfo, ...) through ``runner``; a missing
+    client is an OrchError that says how to get it."""
     try:
         return runner.run(argv, cwd=cwd, env=env, timeout_s=60, check=check)
     except OrchError as e:

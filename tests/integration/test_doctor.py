@@ -43,15 +43,21 @@ def test_local_healthy_two_ranks_pass_and_write_doctor_json(tmp_path):
     assert hop["value"] == pytest.approx(report["measured"]["allreduce_latency_s"] / 3)   # 2 ranks: 1 + 2 hops
 
 
-@pytest.mark.slurm
-def test_slurm_doctor_names_the_node_under_a_cpu_quota(slurm_cluster, tmp_path):
-    run = make_run(tmp_path, **{"launch.slurm.partition": slurm_cluster.partition})
+def doctor_with_slow_n2(run, backend: str, backend_env: dict, tmp_path):
+    """`orch doctor --backend BACKEND` with orch-n2's ranks under a CPU quota: it fails and names that rank."""
     with cpu_quota(slow_fraction()) as group:
-        env = launch_env(slurm_cluster.env, ORCH_PYTHON=str(python_wrapper(tmp_path, group, "orch-n2")))
-        result, report = doctor(run, "--backend", "slurm", env=env)
+        env = launch_env(backend_env, ORCH_PYTHON=str(python_wrapper(tmp_path, group, "orch-n2")))
+        result, report = doctor(run, "--backend", backend, env=env)
     assert result.returncode == 1, result.stdout + result.stderr
     gemm = [o for o in report["offenders"] if o["what"] == "gemm"]
     assert [(o["host"], o["rank"]) for o in gemm] == [("orch-n2", 1)], report["offenders"]
+    return result, report
+
+
+@pytest.mark.slurm
+def test_slurm_doctor_names_the_node_under_a_cpu_quota(slurm_cluster, tmp_path):
+    run = make_run(tmp_path, **{"launch.slurm.partition": slurm_cluster.partition})
+    result, report = doctor_with_slow_n2(run, "slurm", slurm_cluster.env, tmp_path)
     assert "orch-n2 rank 1: GEMM" in result.stdout
     assert {n["host"] for n in report["nodes"]} == {"orch-n1", "orch-n2"} and report["pairs"][0]["p2p_GBps"] > 0
 
@@ -67,13 +73,7 @@ def test_slurm_doctor_passes_a_healthy_cluster(slurm_cluster, tmp_path):
 
 @pytest.mark.pdsh
 def test_pdsh_doctor_names_the_host_under_a_cpu_quota(ssh_hosts, tmp_path):
-    run = make_run(tmp_path)
-    with cpu_quota(slow_fraction()) as group:
-        env = launch_env(ssh_hosts.env, ORCH_PYTHON=str(python_wrapper(tmp_path, group, "orch-n2")))
-        result, report = doctor(run, "--backend", "pdsh", env=env)
-    assert result.returncode == 1, result.stdout + result.stderr
-    gemm = [o for o in report["offenders"] if o["what"] == "gemm"]
-    assert [(o["host"], o["rank"]) for o in gemm] == [("orch-n2", 1)], report["offenders"]
+    doctor_with_slow_n2(make_run(tmp_path), "pdsh", ssh_hosts.env, tmp_path)
 
 
 def test_launch_preflight_passes_then_trains(tmp_path):
