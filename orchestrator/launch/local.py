@@ -59,10 +59,26 @@ def status(record: JobRecord, runner: CommandRunner | None = None) -> JobState:
         if text == "0":
             return JobState.COMPLETED
         stopped = _recorded_stop(record)
-        return stopped or (JobState.CANCELLED if text in ("130", "143") else JobState.FAILED)
+        if stopped:
+            return stopped
+        if text in ("130", "143") or _ended_after_cancel(record, code_file):
+            return JobState.CANCELLED
+        return JobState.FAILED
     if _alive(int(record.job_id)) or holders(record.run_dir):    # ranks outlive a killed torchrun
         return JobState.RUNNING
     return JobState.CANCELLED
+
+
+def _ended_after_cancel(record: JobRecord, code_file: Path) -> bool:
+    """The job ended after `orch cancel` asked it to: CANCELLED whatever code torchrun chose (a signal that
+    lands while ranks are still starting makes torchrun exit 1), as SLURM reports an scancelled job."""
+    cancelled = record.extra.get("cancelled_unix")
+    if not isinstance(cancelled, (int, float)):
+        return False
+    try:
+        return code_file.stat().st_mtime >= cancelled - 1.0   # 1 s: file-system timestamp granularity
+    except OSError:
+        return False
 
 
 def _recorded_stop(record: JobRecord) -> JobState | None:

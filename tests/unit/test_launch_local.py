@@ -155,3 +155,17 @@ def test_trainer_says_when_deepspeed_will_compile_its_cpu_op(tmp_path, monkeypat
     built.mkdir(parents=True, exist_ok=True)
     (built / "deepspeed_shm_comm.so").write_bytes(b"")
     assert ops.build_note() is None
+
+
+def test_a_job_that_ends_after_cancel_is_cancelled_whatever_its_code(tmp_path):
+    """A SIGINT that lands while the ranks are still starting makes torchrun exit 1: still CANCELLED, as
+    SLURM reports an scancelled job; the same exit code without a cancel is FAILED."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    record = JobRecord(backend="local", job_id="999999999", run_dir=str(tmp_path), submitted_unix=time.time() - 60)
+    (logs / local.EXIT_CODE_FILE).write_text("1\n")
+    assert local.status(record) == local.JobState.FAILED
+    record.extra["cancelled_unix"] = time.time()
+    assert local.status(record) == local.JobState.CANCELLED
+    record.extra["cancelled_unix"] = time.time() + 3600     # asked for after the job had already failed
+    assert local.status(record) == local.JobState.FAILED
