@@ -17,8 +17,15 @@ the 400 W limit sustains (G. Lockwood, glennklockwood.com/garden/peak-FLOPS). No
 parts; the same 7% drop is assumed until measured (mamf-finder.py's sustained MSMF figure, or calibration).
 ``tp_comm_overlap``: with sequence parallelism, Megatron-Core's ``--tp-comm-overlap`` pipelines the
 all-gather / reduce-scatter of each tensor-parallel GEMM with the GEMM itself through Transformer Engine's
-userbuffers over NVLink/NVSwitch (TE and Megatron-Core docs); true for NVIDIA parts with NVLink, false for
-PCIe-only parts, AMD (ROCm TE without userbuffers) and CPUs.
+userbuffers over NVLink/NVSwitch (TE and Megatron-Core docs); true for Hopper and newer NVIDIA parts with
+NVLink, false for PCIe-only parts, AMD (ROCm TE without userbuffers) and CPUs, and false for A100: userbuffers
+is built on CUDA multicast objects (compute capability 9.0+); "devices older than compute capability 9.0
+require UB_SKIPMC=1 ... to fall back on a less performant implementation based on CUDA IPC handles"
+(TransformerEngine examples/pytorch/comm_gemm_overlap/README.md), TE blocked the pipelined reduce-scatter
+overlap in BF16 "due to the hang at A100" (TransformerEngine PR #1311), and the published A100 runs
+(Megatron-LM 2021-2022, Narayanan et al. 2021, Korthikanti et al. 2022, MT-NLG, BLOOM) ran their
+tensor-parallel collectives in series with the GEMMs. The planner must not credit an A100 layout with an
+overlap those runs never had (it chose sequence-parallel A100 layouts at ~60% MFU for it).
 ``attention_efficiency`` is the fraction of dense peak a fused (flash) attention kernel reaches over forward
 and backward at head dim 128: FlashAttention-2 reaches 50-73% of A100 peak forward, less backward (Dao 2023,
 arXiv 2307.08691); on H100 FlashAttention-2 reaches ~35% and FlashAttention-3 / cuDNN up to 75% forward
@@ -79,9 +86,9 @@ _MAMF_SRC = ("MAMF from S. Bekman, 'Machine Learning Engineering', compute/accel
 
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
     GpuSpec("a100-40gb", _A100, 40960 * MiB, 1555, 230, 25, 25, _A100_SRC + "; 40 GB HBM2, 1555 GB/s",
-            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55, tp_comm_overlap=True),
+            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55),
     GpuSpec("a100-80gb", _A100, 81920 * MiB, 2039, 230, 25, 25, _A100_SRC + "; 80 GB HBM2e, 2039 GB/s",
-            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55, tp_comm_overlap=True),
+            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55),
     GpuSpec("h100-sxm", _H100, 81559 * MiB, 3350, 370, 45, 50, _H100_SRC + "; 80 GB HBM3, 3.35 TB/s",
             matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True, fp8_training=True),
     GpuSpec("h100-pcie", {"fp32": 51.2 * TFLOPS, "tf32": 378 * TFLOPS, "bf16": 756 * TFLOPS,
