@@ -10,11 +10,11 @@ Narayanan et al. 2021, Table 1 runs are modelled as the software of the time ran
 fp16 mixed precision, no fused (flash) attention, no sequence parallelism, full activation recomputation,
 no ZeRO (plain data parallelism). A case may say ``"precision"`` in its published layout (default fp16).
 
-DeepSpeed runs are modelled on the DeepSpeed of their time too (:func:`case_engine_version`): a case's
-``published.engine_version`` when it states one, else the release current in the year its source was
-published; up to 2021 that is the ZeRO-3 of DeepSpeed 0.3.x-0.4.x (per-parameter, host-synchronous
-collectives on tensor lists: estimate/engines.py), from 2022 on the one orch writes configs for. The
-three ZeRO-3 rows of Narayanan et al. 2021, Table 2 reflect the former.
+DeepSpeed runs are modelled on the DeepSpeed they ran (:func:`case_engine_version`): a case states its release
+in ``published.engine_version``, with the evidence in ``published.engine_version_source`` (a paper rarely
+names it; the release history and the paper's date bound it). A DeepSpeed case without one is predicted as the
+DeepSpeed orch writes configs for. The three ZeRO-3 rows of Narayanan et al. 2021, Table 2 ran a 0.3.x
+release (per-parameter, host-synchronous collectives on tensor lists: estimate/engines.py).
 
 Where a case's layer count does not divide its pipeline degree, a DeepSpeed case gets the balanced uneven
 split (:func:`orchestrator.stages.balanced_split`: first and last stage lighter, middle stages equal), which
@@ -25,7 +25,6 @@ split to the planner, which also weighs counting the embedding and the loss as l
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from .spec import Spec, parse_spec
@@ -95,20 +94,13 @@ def case_engine(case: dict) -> str:
     return case["published"].get("engine", "megatron")
 
 
-# The DeepSpeed of a publication year before coalesced ZeRO-3 gathers (DeepSpeed 0.5, late 2021): 0.4.x.
-LEGACY_DEEPSPEED = "0.4"
-LAST_LEGACY_YEAR = 2021
-
-
 def case_engine_version(case: dict) -> str | None:
-    """The DeepSpeed release a DeepSpeed case ran: ``published.engine_version``, else LEGACY_DEEPSPEED for
-    a source published up to LAST_LEGACY_YEAR; None (the version orch writes for) otherwise."""
+    """The DeepSpeed release a DeepSpeed case ran (``published.engine_version``); None: not stated, predicted
+    as the DeepSpeed orch writes configs for. Megatron cases: None."""
     if case_engine(case) != "deepspeed":
         return None
-    if case["published"].get("engine_version"):
-        return str(case["published"]["engine_version"])
-    year = re.search(r"\b(19|20)\d\d\b", case.get("source", ""))
-    return LEGACY_DEEPSPEED if year and int(year.group()) <= LAST_LEGACY_YEAR else None
+    version = case["published"].get("engine_version")
+    return str(version) if version else None
 
 
 def case_recompute(case: dict) -> str:

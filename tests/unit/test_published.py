@@ -136,14 +136,15 @@ def test_every_published_run_is_judged_to_fit(case):
     assert max(est.memory.stage_totals.values()) <= est.memory.usable_bytes
 
 
-def test_deepspeed_cases_run_the_deepspeed_of_their_time():
-    """A DeepSpeed case states its release or gets the one of its source's year: up to 2021 the ZeRO-3 of
-    0.3.x-0.4.x (estimate/engines.py); later, and every Megatron case, the DeepSpeed orch writes for."""
+def test_deepspeed_cases_run_the_deepspeed_they_state():
+    """A DeepSpeed case's release is an explicit row field with its evidence (no guess from the year): the
+    Table 2 ZeRO-3 rows state 0.3.x; a DeepSpeed case that states none, and every Megatron case, gets the
+    DeepSpeed orch writes for (None)."""
     zero3 = [c for c in THROUGHPUT if c["id"].startswith("narayanan2021_t2_zero3")]
-    assert zero3 and all(case_engine_version(c) == "0.4" for c in zero3)
-    later = {**zero3[0], "source": "Someone et al. 2023"}
+    assert zero3 and all(case_engine_version(c) == "0.3" and c["published"]["engine_version_source"] for c in zero3)
+    unstated = {**zero3[0], "published": {k: v for k, v in zero3[0]["published"].items() if k != "engine_version"}}
     stated = {**zero3[0], "published": {**zero3[0]["published"], "engine_version": "0.9.2"}}
-    assert case_engine_version(later) is None and case_engine_version(stated) == "0.9.2"
+    assert case_engine_version(unstated) is None and case_engine_version(stated) == "0.9.2"
     assert all(case_engine_version(c) is None for c in THROUGHPUT if c["published"].get("engine") != "deepspeed")
     # at a fixed global batch, the legacy runtime's per-rank overhead grows with the ring: step time no
     # longer halves when the GPUs double (144 -> 88 TFLOP/s published from 384 to 768 GPUs)
