@@ -146,7 +146,16 @@ def test_deepspeed_cases_run_the_deepspeed_they_state():
     stated = {**zero3[0], "published": {**zero3[0]["published"], "engine_version": "0.9.2"}}
     assert case_engine_version(unstated) is None and case_engine_version(stated) == "0.9.2"
     assert all(case_engine_version(c) is None for c in THROUGHPUT if c["published"].get("engine") != "deepspeed")
-    # at a fixed global batch, the legacy runtime's per-rank overhead grows with the ring: step time no
-    # longer halves when the GPUs double (144 -> 88 TFLOP/s published from 384 to 768 GPUs)
-    a, b = (published_estimate(c) for c in zero3[:2])
-    assert b.step_time_s > 0.6 * a.step_time_s
+
+
+def test_legacy_zero3_step_stops_shrinking_as_the_ring_grows():
+    """Table 2 at a fixed global batch of 1536: the published step falls from 384 to 768 GPUs (81.6 -> 66.7 s,
+    eq. 3 FLOPs / published TFLOP/s) and not at all from 768 to 1536. DeepSpeed 0.3.x's per-rank host loops
+    (list collectives, the resident parameters' regather) grow with the ring while the compute per GPU halves:
+    the predicted step no longer halves with the GPUs, and the time beyond compute grows with dp."""
+    zero3 = sorted((c for c in THROUGHPUT if c["id"].startswith("narayanan2021_t2_zero3")),
+                   key=lambda c: c["cluster"]["gpus"])
+    a, b, c = (published_estimate(case) for case in zero3)
+    assert b.step_time_s > 0.6 * a.step_time_s and c.step_time_s > 0.9 * b.step_time_s
+    beyond = [e.step_time_s - e.breakdown.compute_s for e in (a, b, c)]
+    assert beyond[0] < beyond[1] < beyond[2]
