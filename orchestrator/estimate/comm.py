@@ -53,7 +53,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil, log2
-
 from typing import TYPE_CHECKING
 
 from .hardware import Hardware
