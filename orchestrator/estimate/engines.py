@@ -147,6 +147,7 @@ def ds_version(version: str | None) -> tuple[int, ...]:
     return tuple(int(p) for p in (version or DEEPSPEED_VERSION).split(".")[:3] if p.isdigit())
 
 
+@lru_cache(maxsize=64)
 def ds_zero3_runtime(version: str | None) -> Zero3Runtime:
     """The ZeRO-3 behaviours of DeepSpeed ``version`` (None: DEEPSPEED_VERSION)."""
     v = ds_version(version)
