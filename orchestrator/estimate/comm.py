@@ -264,12 +264,26 @@ def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw
         red_s, red_one, red_calls = bucketed_s(kind, grads, grads / units, pl, hw)
         red_one += list_copies_s(grads / units, n, hw) + n * w.rank_host_s
         red_s = red_calls * red_one
-    exposed_f = max(g_one, g_s - hide_f) + units * host
-    exposed_b = max(g_one, passes_b * g_s + red_s - hide_b) + passes_b * units * host
+    waited = prefetch_waited_share(w, units)                          # gathers the host waits for in a prefetch
+    exposed_f = waited * g_s + max(g_one, (1 - waited) * g_s - hide_f) + units * host
+    exposed_b = waited * passes_b * g_s + max(g_one, (1 - waited) * passes_b * g_s + red_s - hide_b) \
+        + passes_b * units * host
     per_mb_time = (1 + passes_b) * (g_s + units * host) + red_s
     per_mb_bytes = (1 + passes_b) * ring_bytes(params, n) + red_bytes
     return DataParallelComm(m * per_mb_bytes, m * per_mb_time, m * (exposed_f + exposed_b), reduce_s=m * red_s,
                             calls=m * (round((1 + passes_b) * units) + red_calls))
+
+
+def prefetch_waited_share(work: DataParallelWork, units: int) -> float:
+    """Share of ZeRO-3 gathers that DeepSpeed before 0.6 runs with nothing to hide behind: a prefetch takes
+    ceil(prefetch_elements / unit) units of the stage's mean gather unit, and each gather after the first
+    waits for the one before in torch.cuda.synchronize(), before the compute is launched; only the last
+    hides (engines.Zero3Runtime). 0 for the current DeepSpeed and for modules larger than the bucket."""
+    rt = work.zero3
+    if rt is None or not rt.synchronous_fetch or not rt.prefetch_elements:
+        return 0.0
+    per_prefetch = max(1, ceil(rt.prefetch_elements / (work.param_elements / units)))
+    return (per_prefetch - 1) / per_prefetch
 
 
 def zero3_gather_host_s(work: DataParallelWork, nbytes: float, n: int, hw: Hardware) -> float:

@@ -31,6 +31,10 @@ partition_parameters.py):
   prefetched on a side stream (``overlap_comm``, on by default for ZeRO-3) after the current module's fetch
   and before its compute is launched, so the NCCL time of a gather hides behind the current module's compute;
   what the host does between the synchronize and that launch does not (the zeroing of the buffer included).
+  A prefetch takes modules until stage3_prefetch_bucket_size elements (5e7 by default then); each gather
+  after the first waits in its own synchronize for the one before, with the compute not yet launched, so
+  only the last gather of a prefetch hides ("the async version is not async at all", PR #1188). GPT-3-sized
+  modules exceed 5e7 on their own (one per prefetch); smaller ones come several to a prefetch.
 * ``list_gathers`` (before 0.5.5, #1188 brought ``_all_gather_base``): the all-gather's output is a Python
   list of world-size views, built by a per-rank loop (``narrow`` + ``dist.get_rank``), which PyTorch's
   ProcessGroupNCCL flattens and copies back one view at a time: n host iterations and n copy kernels per
@@ -58,6 +62,7 @@ from ..validate._deepspeed_keys_data import DEEPSPEED_VERSION  # the DeepSpeed o
 DS_FLAT_GATHERS_SINCE = (0, 5, 5)          # _all_gather_base instead of a list of n views (#1188)
 DS_ASYNC_COALESCED_FETCH_SINCE = (0, 6, 0)  # per-module coalesced gathers, no host synchronize (#1453)
 DS_ZERO3_CONTIGUOUS_GRADIENTS_SINCE = (0, 4, 3)   # contiguous_gradients on by default for ZeRO-3 (#1199)
+DS_LEGACY_PREFETCH_BUCKET_ELEMENTS = 50_000_000   # stage3_prefetch_bucket_size default, 0.3.12-0.5.x constants.py
 DS_REDUCE_BUCKET_ELEMENTS = 500_000_000
 DS_MAX_REUSE_DISTANCE = 1_000_000_000   # stage3_max_reuse_distance (and max_live_parameters) orch writes
 DS_GATHERS_PER_LAYER = 4
@@ -140,6 +145,7 @@ class Zero3Runtime:
     list_gathers: bool = False           # all-gather output as n views: per-rank host loop + n copies
     list_reduce_scatters: bool = False   # one reduce-scatter per parameter on n input views
     allreduce_gradients: bool = False    # bucketed all-reduce of full gradients (contiguous_gradients off)
+    prefetch_elements: int = 0           # synchronous fetch: the release's default stage3_prefetch_bucket_size
 
 
 def ds_version(version: str | None) -> tuple[int, ...]:
@@ -152,6 +158,7 @@ def ds_zero3_runtime(version: str | None) -> Zero3Runtime:
     """The ZeRO-3 behaviours of DeepSpeed ``version`` (None: DEEPSPEED_VERSION)."""
     v = ds_version(version)
     allreduce = v < DS_ZERO3_CONTIGUOUS_GRADIENTS_SINCE
-    return Zero3Runtime(synchronous_fetch=v < DS_ASYNC_COALESCED_FETCH_SINCE, list_gathers=v < DS_FLAT_GATHERS_SINCE,
-                        list_reduce_scatters=not allreduce and v < DS_ASYNC_COALESCED_FETCH_SINCE,
-                        allreduce_gradients=allreduce)
+    synchronous = v < DS_ASYNC_COALESCED_FETCH_SINCE
+    return Zero3Runtime(synchronous_fetch=synchronous, list_gathers=v < DS_FLAT_GATHERS_SINCE,
+                        list_reduce_scatters=not allreduce and synchronous, allreduce_gradients=allreduce,
+                        prefetch_elements=DS_LEGACY_PREFETCH_BUCKET_ELEMENTS if synchronous else 0)
