@@ -24,8 +24,8 @@ from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
 from ..spec import Spec, default_engine, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
-from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
-                   ring_bytes, tensor_parallel_layer_comm)
+from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_gather_s, all_reduce_s,
+                   data_parallel_comm, group_placement, pipeline_transfer, ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
 from .engines import (ds_backward_regather_share, ds_zero3_runtime, gathers_per_layer, grad_reduce_bytes,
@@ -449,20 +449,26 @@ def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -
 
 
 def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
-    """DeepSpeed before 0.5.5 (engines.Zero3Runtime.list_gathers), once per step: every backward ends by
+    """DeepSpeed before 0.6 (engines.Zero3Runtime.synchronous_fetch), once per step: every backward ends by
     partitioning all parameters, the resident ones too (stage3.py backward -> _partition_all_parameters), and
-    the optimizer step ends by gathering the resident ones back synchronously (_post_step ->
-    partition_parameters._allgather_params): one all-gather on a list of n views (the per-rank loop, n
+    the optimizer step ends by gathering the resident ones back synchronously (_post_step). Before 0.5.5
+    (partition_parameters._allgather_params): one all-gather on a list of n views (the per-rank loop, n
     copies), then for each resident tensor a Python loop over the n ranks copying its slice out
-    (CostModel.ds_persistent_copy_host_s, plus one copy kernel launch, kernel_gap_s, each). The host waits
-    for it; nothing else runs. Resident tensors: the biases and norms of each layer and the final norm."""
+    (CostModel.ds_persistent_copy_host_s, plus one copy kernel launch, kernel_gap_s, each). From 0.5.5
+    (_allgather_params_coalesced): one all-gather per resident tensor, queued on one NCCL stream, latency-bound
+    on the ring. The host waits for it; nothing else runs. Resident tensors: the biases and norms of each
+    layer and the final norm (hidden-size vectors, the MLP-in bias 4h)."""
     if ctx.engine != "deepspeed" or lay.zero_stage != 3 or lay.dp <= 1:
         return 0.0
-    if not ds_zero3_runtime(ctx.engine_version).list_gathers:
+    rt = ds_zero3_runtime(ctx.engine_version)
+    if not rt.synchronous_fetch:
         return 0.0
     shape, cost, n = ctx.shape, ctx.cost, grad_sync_size(lay)
     resident = layers * (param_tensors_per_layer(shape.bias, shape.rmsnorm) - gathers_per_layer("deepspeed")) \
         + (1 if shape.rmsnorm else 2)
+    if not rt.list_gathers:
+        pl = group_placement(n, lay.tp, ctx.hw.gpus_per_node)
+        return resident * all_gather_s(shape.hidden_size // lay.tp * ctx.hw.dtype_bytes, pl, ctx.hw)
     per_copy = cost.ds_persistent_copy_host_s + cost.kernel_gap_s
     return n * (cost.ds_list_rank_host_s + cost.kernel_gap_s) + resident * n * per_copy
 

@@ -159,3 +159,13 @@ def test_legacy_zero3_step_stops_shrinking_as_the_ring_grows():
     assert b.step_time_s > 0.6 * a.step_time_s and c.step_time_s > 0.9 * b.step_time_s
     beyond = [e.step_time_s - e.breakdown.compute_s for e in (a, b, c)]
     assert beyond[0] < beyond[1] < beyond[2]
+
+
+def test_resident_parameter_regather_is_costed_for_the_releases_that_did_it():
+    """Before DeepSpeed 0.6 every step re-partitions the resident parameters (biases, norms) after the
+    backward and gathers them back after the optimizer step: a per-rank, per-tensor Python copy loop before
+    0.5.5, one small ring all-gather per tensor from 0.5.5; the current release does neither."""
+    case = next(c for c in THROUGHPUT if c["id"] == "narayanan2021_t2_zero3_174.6B_1536gpu")
+    engine = {v: published_estimate({**case, "published": {**case["published"], "engine_version": v}}).breakdown.engine_s
+              for v in ("0.3", "0.5.5", "0.6.0")}
+    assert engine["0.3"] > engine["0.5.5"] > engine["0.6.0"] > 0
