@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .estimate.params import ModelShape, MoEShape
 from .spec import Spec, parse_spec
 from .stages import accounted_split, balanced_split
 
@@ -55,3 +56,14 @@ def _published_parallelism(case: dict) -> dict:
         first, last = balanced_split(layers, case["pp"], vp)
         par.update(first_stage_layers=first, last_stage_layers=last, virtual_pipeline=vp)
     return par
+
+
+def moe_layer_case_shape(case: dict) -> ModelShape:
+    """A measured single-MoE-layer case (tests/data/megatron-moe-perf-h100.json) as the shape the cost model
+    reads. Only the MoE block is timed there: the attention fields are placeholders. Its routing is
+    force-balanced, which the model reads as load imbalance 1 (capacity factor 1.0 bounds it)."""
+    moe = MoEShape(case["experts"], case["topk"], case["expert_ffn"], shared_ffn=case["shared_ffn"],
+                   capacity_factor=1.0)
+    return ModelShape(num_layers=1, hidden_size=case["hidden"], num_attention_heads=8, num_query_groups=8,
+                      ffn_hidden_size=case["expert_ffn"], vocab_size=32000, seq_length=case["seq"],
+                      gated_mlp=case["gated"], bias=False, rmsnorm=True, learned_positions=False, moe=moe)
