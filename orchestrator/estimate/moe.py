@@ -25,7 +25,8 @@ expert ranks per group and the alltoall dispatcher:
 * host launch floor: eager PyTorch launches every kernel from the host, and a MoE layer launches many
   (router, dispatch, and per local expert its GEMMs and, in FP8, their casts). Dropless layers cannot run
   from CUDA graphs and sync the host on the token counts, so a layer takes at least its host time
-  (:func:`moe_host_s`);
+  (:func:`moe_host_s`), and the sync stops the host from running ahead: the experts' launches and the
+  next layer's attention on the GPU follow each other (:func:`with_dispatch_sync`);
 * load imbalance: dropless routing lets the busiest rank receive more than the mean; every rank waits for
   it in the combine, so expert compute and all-to-all time scale by ``DROPLESS_IMBALANCE``, or by at most
   the capacity factor when tokens beyond capacity are dropped.
@@ -173,6 +174,25 @@ def moe_block_s(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, etp:
     a2a = expert_layer_comm(shape, hw, tp, cp, ep, etp, mb).seconds / 2
     host_f, host_b = moe_block_host_s(shape, ep, gemm_hw is not None)
     return max(mlp.forward_s + a2a, host_f), max(mlp.backward_s + a2a, host_b)
+
+
+def after_sync_host_s(shape: ModelShape, ep: int, fp8: bool) -> float:
+    """Host time of what a dropless layer's forward launches after its dispatcher's sync: the dispatch
+    (permutation, all-to-alls, sorting) and the local experts; the router ran before it."""
+    return moe_block_host_s(shape, ep, fp8)[0] - ROUTER_KERNELS * HOST_OP_S
+
+
+def with_dispatch_sync(layer: LayerTimeEstimate, moe_forward_s: float, host_after_sync_s: float) -> LayerTimeEstimate:
+    """A dropless MoE layer's forward with its host sync. The alltoall dispatcher needs the token counts on
+    the host (the all-to-all splits and the grouped GEMM's per-expert sizes) and waits for their device-to-
+    host copy every layer (Megatron-Core moe/token_dispatcher.py: cuda_sync_point "before_ep_alltoall" with
+    ep or tp > 1, "before_finish" otherwise); the GPU has then run everything launched before, so the host
+    cannot run ahead across it. From one sync to the next, the host launches the dispatch and the experts
+    (``host_after_sync_s``) and, after them, the next layer's attention, whose GPU time (the layer's forward
+    outside the MoE block) can only follow: a two-stage flow shop (host, then GPU; Johnson 1954), whose
+    length is at least the host time of the first part plus the GPU time of the second."""
+    bound = host_after_sync_s + (layer.forward_s - moe_forward_s)
+    return with_host_floor(layer, bound, layer.backward_s)
 
 
 def with_host_floor(layer: LayerTimeEstimate, host_f: float, host_b: float) -> LayerTimeEstimate:

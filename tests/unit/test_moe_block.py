@@ -2,14 +2,17 @@
 measured per-layer times (tests/data/megatron-moe-perf-h100.json)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 
 import pytest
 
-from orchestrator.estimate.compute import KERNELS_BWD, KERNELS_FWD, matmul_time_s
-from orchestrator.estimate.moe import (GROUPED_GEMM_STREAMS, HOST_OP_S, expert_layer_comm, moe_block_host_s, moe_block_s,
-                                       moe_host_s, moe_mlp_times, stream_rounds)
+from orchestrator.estimate.compute import KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, matmul_time_s
+from orchestrator.estimate.layer import LayerKey, rank_layer
+from orchestrator.estimate.moe import (GROUPED_GEMM_STREAMS, HOST_OP_S, after_sync_host_s, expert_layer_comm,
+                                       moe_block_host_s, moe_block_s, moe_host_s, moe_mlp_times, stream_rounds,
+                                       with_dispatch_sync)
 from orchestrator.estimate.precision import fp8_gemm_hardware
 from orchestrator.estimate.step import EstimateContext
 from orchestrator.published_layouts import moe_layer_case_shape
@@ -66,3 +69,28 @@ def test_moe_block_matches_nvidias_measured_layer_times():
         errors += [f * 1e3 / case["forward_ms"] - 1, b * 1e3 / case["backward_ms"] - 1]
     assert len(errors) == 4
     assert max(abs(e) for e in errors) <= 0.30 and statistics.mean(abs(e) for e in errors) <= 0.20, errors
+
+
+def test_dropless_sync_puts_the_experts_launches_before_the_next_attention():
+    """Between two dispatcher syncs the host launches dispatch and experts, then the GPU runs the next
+    layer's attention: a fine-grained dropless layer's forward is at least the two in sequence; a
+    token-drop layer (static shapes, no sync) is not bound by it, nor is a layer whose GPU work is longer."""
+    layer = LayerTimeEstimate(forward_s=2e-3, backward_s=4e-3, recompute_s=0.0, matmul_forward_s=1e-3,
+                              attention_forward_s=5e-4, memory_bound_forward_s=2e-4)
+    bound = with_dispatch_sync(layer, moe_forward_s=1.2e-3, host_after_sync_s=1.5e-3)
+    assert bound.forward_s == pytest.approx(1.5e-3 + 0.8e-3) and bound.backward_s == layer.backward_s
+    assert with_dispatch_sync(layer, moe_forward_s=1.2e-3, host_after_sync_s=1e-3) is layer
+
+    s = parse_spec({"name": "t", "model": {"preset": "qwen3-30b-a3b"},
+                    "cluster": {"gpu": "h100-sxm", "num_nodes": 2, "gpus_per_node": 8},
+                    "training": {"global_batch_size": 64, "precision": "fp8", "engine": "megatron"}})
+    ctx = EstimateContext.of(s)
+    key = LayerKey(tp=1, cp=1, ep=8, etp=1, mb=1, sp=False, recompute="none")
+    dropless = rank_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key).time
+    # capacity factor 1.1 bounds the imbalance at the dropless figure: the same GPU work, no sync
+    dropped = dataclasses.replace(ctx.shape, moe=dataclasses.replace(ctx.shape.moe, capacity_factor=1.1))
+    capped = rank_layer(dropped, ctx.hw, "h100-sxm", "fp8", key).time
+    mlp = moe_mlp_times(dropped, ctx.hw, 1, 1, 8, 1, 1, fp8_gemm_hardware(ctx.hw, "h100-sxm"))
+    after = after_sync_host_s(ctx.shape, 8, True)
+    assert dropless.forward_s == pytest.approx(max(capped.forward_s, after + capped.forward_s - mlp.forward_s))
+    assert dropless.forward_s > capped.forward_s and dropless.backward_s == capped.backward_s
