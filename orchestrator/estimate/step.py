@@ -373,7 +373,9 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m)
     engine_s = pipe_host_s + (offload_host + step_host_s) + fetch_host_s
     tp_total = m * stage_layers * tp_s
-    hidden_comm = (dp_comm.time_s - dp_comm.exposed_s) + tp_hidden * tp_total
+    # the expert all-to-all the EP overlap hides behind the other micro-batch's compute takes SMs as well
+    ep_hidden = m * stage_layers * (rl.ep_s - ep_exposed)
+    hidden_comm = (dp_comm.time_s - dp_comm.exposed_s) + tp_hidden * tp_total + ep_hidden
     contention = min(1.0, cost.comm_channels / hw.num_sms) * hidden_comm
     step = (pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s + contention
             + offload_host + step_host_s)

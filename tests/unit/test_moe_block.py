@@ -15,7 +15,9 @@ from orchestrator.estimate.moe import (GROUPED_GEMM_STREAMS, HOST_OP_S, after_sy
                                        with_dispatch_sync)
 from orchestrator.estimate.precision import fp8_gemm_hardware
 from orchestrator.estimate.step import EstimateContext
-from orchestrator.published_layouts import moe_layer_case_shape
+from orchestrator.estimate.cost import CostModel
+from orchestrator.plan import build_plan
+from orchestrator.published_layouts import layout_case_spec, load_layout_cases, moe_layer_case_shape
 from orchestrator.spec import parse_spec
 from tests.conftest import ROOT
 
@@ -94,3 +96,17 @@ def test_dropless_sync_puts_the_experts_launches_before_the_next_attention():
     after = after_sync_host_s(ctx.shape, 8, True)
     assert dropless.forward_s == pytest.approx(max(capped.forward_s, after + capped.forward_s - mlp.forward_s))
     assert dropless.forward_s > capped.forward_s and dropless.backward_s == capped.backward_s
+
+
+def test_hidden_expert_all_to_all_takes_sms_like_other_hidden_collectives():
+    """Budget identity: the compute slowdown of a step is channels/SMs of every collective it hides, the
+    expert all-to-all that the EP overlap hides included (Qwen3-235B-A22B as NVIDIA ran it)."""
+    case = next(c for c in load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")
+                if c["id"] == "mbridge2602_qwen3_235b_a22b_fp8")
+    chosen = build_plan(layout_case_spec(case), top_k=1).chosen
+    comm, hidden = chosen["comm"], 0.0
+    for kind in ("dp", "tp", "ep"):
+        hidden += comm[f"{kind}_s"] - comm[f"{kind}_exposed_s"]
+    ep_hidden = comm["ep_s"] - comm["ep_exposed_s"]
+    assert ep_hidden > 0.1 * chosen["step_time_s"]
+    assert chosen["breakdown"]["contention_s"] == pytest.approx(CostModel().comm_channels / 132 * hidden)
