@@ -365,7 +365,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             backward_gather_passes=ds_backward_gather_passes(ctx, lay, reduce_layers),
             list_collectives=ctx.engine == "deepspeed" and ds_list_collectives(ctx.engine_version))
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
-    optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
+    optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m, reduce_layers)
     step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.link == "loopback" else 0.0
     offload_host = offload_host_s(ctx, lay, reduce_layers)
     if ctx.precision == "fp8":
@@ -487,10 +487,14 @@ def tp_overlap_fraction(cost: CostModel, hw: Hardware, lay: Layout) -> float:
     return cost.tp_comm_overlap if uses_tp_comm_overlap(hw, lay) else cost.tp_overlap
 
 
-def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int) -> tuple[float, float]:
-    """(optimizer step, per-step parameter fetch) time; offload runs Adam on the CPU over PCIe."""
+def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int, layers: int) -> tuple[float, float]:
+    """(optimizer step, per-step parameter fetch) time; offload runs Adam on the CPU over PCIe. With ZeRO
+    the dense states are sharded over dp x cp, the routed experts' over the expert-data-parallel group
+    (as :func:`model_states` holds them)."""
     hw = ctx.hw
-    owned = stage_params / grad_sync_size(lay) if lay.zero_stage >= 1 else stage_params
+    expert = _expert_elements(ctx, lay, stage_params, layers)
+    owned = ((stage_params - expert) / grad_sync_size(lay) + expert / lay.edp) if lay.zero_stage >= 1 \
+        else stage_params
     if lay.offload == "none":
         return optimizer_step_s(owned, hw), 0.0
     pcie = 2 * hw.dtype_bytes * owned / hw.host_Bps          # gradients down, parameters up

@@ -8,13 +8,15 @@ import statistics
 
 import pytest
 
-from orchestrator.estimate.compute import KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, matmul_time_s
+from orchestrator.estimate.compute import KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, matmul_time_s, optimizer_step_s
 from orchestrator.estimate.layer import LayerKey, rank_layer
 from orchestrator.estimate.moe import (GROUPED_GEMM_STREAMS, HOST_OP_S, after_sync_host_s, expert_layer_comm,
                                        moe_block_host_s, moe_block_s, moe_host_s, moe_mlp_times, stream_rounds,
                                        with_dispatch_sync)
+from orchestrator.estimate.params import estimate_params, expert_params_per_layer_per_rank, model_shape
 from orchestrator.estimate.precision import fp8_gemm_hardware
-from orchestrator.estimate.step import EstimateContext
+from orchestrator.estimate.step import EstimateContext, estimate_layout
+from orchestrator.layout import layout_from_spec
 from orchestrator.estimate.cost import CostModel
 from orchestrator.plan import build_plan
 from orchestrator.published_layouts import layout_case_spec, load_layout_cases, moe_layer_case_shape
@@ -110,3 +112,21 @@ def test_hidden_expert_all_to_all_takes_sms_like_other_hidden_collectives():
     ep_hidden = comm["ep_s"] - comm["ep_exposed_s"]
     assert ep_hidden > 0.1 * chosen["step_time_s"]
     assert chosen["breakdown"]["contention_s"] == pytest.approx(CostModel().comm_channels / 132 * hidden)
+
+
+def test_adam_steps_the_experts_shard_of_the_expert_data_parallel_group():
+    """With the distributed optimizer a rank steps 1/(dp x cp) of the dense weights but 1/edp of its routed
+    experts (Mixtral 8x7B, ep 8 on 64 GPUs: dp 64, edp 8), as its memory holds them."""
+    s = parse_spec({"name": "t", "model": {"preset": "mixtral-8x7b"},
+                    "cluster": {"gpu": "h100-sxm", "num_nodes": 8, "gpus_per_node": 8},
+                    "training": {"global_batch_size": 256, "precision": "bf16", "engine": "megatron"},
+                    "parallelism": {"tensor": 1, "pipeline": 1, "expert": 8, "expert_tensor": 1, "zero_stage": 1,
+                                    "micro_batch_size": 1, "sequence_parallel": False, "recompute": "full",
+                                    "virtual_pipeline": 1, "offload": "none", "context": 1}})
+    lay = layout_from_spec(s)
+    shape, hw = model_shape(s), EstimateContext.of(s).hw
+    per_gpu = estimate_params(shape, 1, 1, None, 8, 1).per_gpu
+    expert = shape.num_layers * expert_params_per_layer_per_rank(shape, 8, 1)
+    owned = (per_gpu - expert) / 64 + expert / 8
+    assert (lay.dp, lay.edp) == (64, 8)
+    assert estimate_layout(s, lay).breakdown.optimizer_s == pytest.approx(optimizer_step_s(owned, hw))
