@@ -27,9 +27,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from .catalog.gpus import GPUS
 from .errors import Problem, SpecError
 from .estimate.comm import group_placement
 from .estimate.cost import CostModel
+from .estimate.params import active_layer_matrix_params
+from .estimate.plausibility import mfu_warnings
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
 from .estimate.uncertainty import plus_minus
 from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
@@ -55,6 +58,7 @@ class SearchResult:
     num_considered: int                       # complete layouts estimated
     num_fitting: int
     reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)   # also in reasons (orch plan --json: on stderr)
 
     def to_dict(self) -> dict:
         return {"chosen": self.chosen.to_dict(), "candidates": [c.to_dict() for c in self.candidates]}
@@ -86,9 +90,19 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
         raise _no_fit(spec, ctx, scored)
     ranked = [estimate(ctx, s.layout) for s in fitting[:max(1, top_k)]]
     best_overall = min(scored, key=lambda s: (s.step_time_s, s.total_bytes))
-    reasons = explain(ctx, ranked, best_overall, len(scored), len(fitting)) + fp8_hint(spec, cost, ranked[0])
+    warnings = plausibility(ctx, ranked[0])
+    reasons = (explain(ctx, ranked, best_overall, len(scored), len(fitting)) + fp8_hint(spec, cost, ranked[0])
+               + warnings)
     return SearchResult(chosen=ranked[0], candidates=ranked, num_considered=len(scored),
-                        num_fitting=len(fitting), reasons=reasons)
+                        num_fitting=len(fitting), reasons=reasons, warnings=warnings)
+
+
+def plausibility(ctx: EstimateContext, chosen: LayoutEstimate) -> list[str]:
+    """A warning when the chosen layout's MFU beats what published runs reached on this GPU (plausibility.py)."""
+    if ctx.gpu not in GPUS:
+        return []
+    params = ctx.shape.num_layers * active_layer_matrix_params(ctx.shape)
+    return mfu_warnings(GPUS[ctx.gpu], ctx.precision, params, chosen.mfu)
 
 
 def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list[str]:

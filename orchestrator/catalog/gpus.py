@@ -17,8 +17,15 @@ the 400 W limit sustains (G. Lockwood, glennklockwood.com/garden/peak-FLOPS). No
 parts; the same 7% drop is assumed until measured (mamf-finder.py's sustained MSMF figure, or calibration).
 ``tp_comm_overlap``: with sequence parallelism, Megatron-Core's ``--tp-comm-overlap`` pipelines the
 all-gather / reduce-scatter of each tensor-parallel GEMM with the GEMM itself through Transformer Engine's
-userbuffers over NVLink/NVSwitch (TE and Megatron-Core docs); true for NVIDIA parts with NVLink, false for
-PCIe-only parts, AMD (ROCm TE without userbuffers) and CPUs.
+userbuffers over NVLink/NVSwitch (TE and Megatron-Core docs); true for Hopper and newer NVIDIA parts with
+NVLink, false for PCIe-only parts, AMD (ROCm TE without userbuffers) and CPUs, and false for A100: userbuffers
+is built on CUDA multicast objects (compute capability 9.0+); "devices older than compute capability 9.0
+require UB_SKIPMC=1 ... to fall back on a less performant implementation based on CUDA IPC handles"
+(TransformerEngine examples/pytorch/comm_gemm_overlap/README.md), TE blocked the pipelined reduce-scatter
+overlap in BF16 "due to the hang at A100" (TransformerEngine PR #1311), and the published A100 runs
+(Megatron-LM 2021-2022, Narayanan et al. 2021, Korthikanti et al. 2022, MT-NLG, BLOOM) ran their
+tensor-parallel collectives in series with the GEMMs. The planner must not credit an A100 layout with an
+overlap those runs never had (it chose sequence-parallel A100 layouts at ~60% MFU for it).
 ``attention_efficiency`` is the fraction of dense peak a fused (flash) attention kernel reaches over forward
 and backward at head dim 128: FlashAttention-2 reaches 50-73% of A100 peak forward, less backward (Dao 2023,
 arXiv 2307.08691); on H100 FlashAttention-2 reaches ~35% and FlashAttention-3 / cuDNN up to 75% forward
@@ -26,6 +33,11 @@ arXiv 2307.08691); on H100 FlashAttention-2 reaches ~35% and FlashAttention-3 / 
 ``fp8_training``: FP8 tensor cores that Megatron-Core trains on through Transformer Engine's FP8 recipes
 (Hopper: H100, H200; Blackwell: B200). TE also runs FP8 on Ada (L40S), but orch plans FP8 for the
 training parts only.
+``published_mfu`` lists published model-FLOPs utilisations of 16-bit (bf16/fp16) dense transformer training on
+this part as (model parameters, MFU), with ``published_mfu_source``. A bigger model has bigger GEMMs and
+reaches at least the efficiency of a smaller one, so the best MFU published for a model at least as big as
+the one planned bounds what the plan may claim (orchestrator/estimate/plausibility.py); a plan above it is
+flagged, never clamped. Left empty where no figure was checked (a run there gets no such check).
 """
 from __future__ import annotations
 
@@ -53,6 +65,8 @@ class GpuSpec:
     tp_comm_overlap: bool = False             # Transformer Engine userbuffers can overlap TP comm with GEMMs
     runtime_bytes: int | None = None          # framework runtime per process; None: the cost model's CUDA context
     fp8_training: bool = False                # FP8 training through Transformer Engine (Hopper or newer)
+    published_mfu: tuple = ()                 # ((model params, MFU), ...) published for 16-bit training (doc)
+    published_mfu_source: str = ""
 
     def peak_for(self, precision: str) -> float:
         """Dense peak FLOP/s for a training precision (fp32 training runs on TF32 tensor cores)."""
@@ -71,6 +85,17 @@ _H100_SRC = ("NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989.4 TF bf16 dense 
              "NVLink4 900 GB/s bidirectional, nccl-tests all_reduce busbw ~370 GB/s on 8x H100 SXM; "
              "DGX H100: 8x 400 Gb/s NDR per 8 GPUs -> 50 GB/s per GPU (~45 GB/s measured); PCIe Gen5 x16")
 
+_A100_MFU = ((6.66e9, 0.6423), (12.85e9, 0.5957), (29.98e9, 0.5530), (64.86e9, 0.5333), (175e9, 0.514),
+             (530e9, 0.560), (1000e9, 0.563))
+_A100_MFU_SRC = ("MosaicML llm-foundry scripts/train/benchmarking/README.md, 'A100 80GB with 1600 Gbps node-node "
+                 "interconnect' at seq 2048 (MPT 7B 64.23%, 13B 59.57%, 30B 55.3%, 70B 53.33%); Megatron-LM "
+                 "README (commit 2e90a342f5, 2022-05-19, Selene A100-80GB, data-parallel size 1; Korthikanti et "
+                 "al. 2022, arXiv 2205.05198): 175B 51.4%, 530B 56.0%, 1T 56.3%")
+_H100_MFU = ((6.66e9, 0.4644), (64.86e9, 0.4336), (462e9, 0.48))
+_H100_MFU_SRC = ("MosaicML llm-foundry scripts/train/benchmarking/README.md, 'H100 80GB BF16' (MPT 7B 46.44% on 8 "
+                 "GPUs, 70B 43.36% on 128); Megatron-LM README (commit 937571cfd4, 2024-07-15): weak-scaled GPT "
+                 "runs up to 462B reach 47-48% MFU with DP, TP and PP communication overlapped")
+
 _MAMF_SRC = ("MAMF from S. Bekman, 'Machine Learning Engineering', compute/accelerator/README.md, "
              "'Maximum Achievable Matmul FLOPS comparison table' (bf16, mamf-finder.py): A100 SXM 271.2/312 "
              "(86.9%), H100 SXM 794.5/989 (80.3%, 'H200 is the same'), B200 SXM 1745/2250 (77.6%), "
@@ -79,11 +104,14 @@ _MAMF_SRC = ("MAMF from S. Bekman, 'Machine Learning Engineering', compute/accel
 
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
     GpuSpec("a100-40gb", _A100, 40960 * MiB, 1555, 230, 25, 25, _A100_SRC + "; 40 GB HBM2, 1555 GB/s",
-            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55, tp_comm_overlap=True),
+            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55, published_mfu=_A100_MFU,
+            published_mfu_source=_A100_MFU_SRC),
     GpuSpec("a100-80gb", _A100, 81920 * MiB, 2039, 230, 25, 25, _A100_SRC + "; 80 GB HBM2e, 2039 GB/s",
-            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55, tp_comm_overlap=True),
+            matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55, published_mfu=_A100_MFU,
+            published_mfu_source=_A100_MFU_SRC),
     GpuSpec("h100-sxm", _H100, 81559 * MiB, 3350, 370, 45, 50, _H100_SRC + "; 80 GB HBM3, 3.35 TB/s",
-            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True, fp8_training=True),
+            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True, fp8_training=True,
+            published_mfu=_H100_MFU, published_mfu_source=_H100_MFU_SRC),
     GpuSpec("h100-pcie", {"fp32": 51.2 * TFLOPS, "tf32": 378 * TFLOPS, "bf16": 756 * TFLOPS,
                           "fp16": 756 * TFLOPS, "fp8": 1513 * TFLOPS},
             81559 * MiB, 2000, 50, 12.5, 50,

@@ -42,6 +42,8 @@ def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_p
     if as_json:
         click.echo(json.dumps({**result.to_dict(), **({"measured": measured} if measured else {})},
                               sort_keys=True, indent=2))
+        for line in result.warnings:   # stdout stays the documented JSON; people read stderr
+            click.echo(line, err=True)
         return
     click.echo(render_plan(spec, result, wide=wide, width=terminal_width(), style=use_style()))
 

@@ -12,6 +12,10 @@ Generalised here to GQA and any MLP width: the 24 (tensor-parallel part) is
 2*(two norm inputs + QKV input + fc1 input) + two 1-byte dropout masks. Fused (flash) attention stores no
 s^2 tensors, only its fp32 log-sum-exp (4*a*s*b bytes). With fp32 training every 2 becomes 4.
 
+The transient peak on top of what is stored is the recompute working set (one layer's full activations under
+full recompute, its attention scores under selective) or, on the last stage, the logits with their fp32
+softmax and gradient, whichever is larger: the loss backward ends before the last layer is recomputed.
+
 In flight under 1F1B, stage r holds min(m, p - r) micro-batches of its L/p layers: the first stage holds
 L layers' worth. Megatron's interleaved schedule with v chunks keeps (p - r - 1)*2 + (v - 1)*p + 1 chunk
 micro-batches on stage r, which for r = 0 is the paper's factor 1 + (p - 1)/(p*v).
@@ -112,11 +116,15 @@ def estimate_activations(shape: ModelShape, tp: int, pp: int, vpp: int, sp: bool
     embedding_out = (dtype_bytes + MASK_BYTES) * sbh // (tp if sp else 1)   # embedding dropout output + mask
     first_chunks = in_flight_chunks(0, pp, vpp, num_microbatches) // vpp or 1
     logits = logits_bytes(shape, padded_vocab, tp, micro_batch, dtype_bytes)
+    # The logits buffers and the recompute working set are never live together: the loss and the output
+    # layer run their backward (and free the fp32 softmax and the logits' gradient) before the last layer's
+    # backward recomputes it, so the transient peak is the larger of the two, not their sum.
+    last_transient = max(logits, working)
     first = int(per_layer * first_layers) + embedding_out * first_chunks + working
-    last = int(per_layer * last_layers) + logits + working
+    last = int(per_layer * last_layers) + last_transient
     middle = int(per_layer * middle_layers) + working if pp > 2 else 0
     if pp == 1:   # one stage holds the embedding and the logits
-        first = last = int(per_layer * first_layers) + embedding_out * first_chunks + logits + working
+        first = last = int(per_layer * first_layers) + embedding_out * first_chunks + last_transient
     return ActivationsEstimate(per_layer_bytes=per_layer, first_stage_layers_in_flight=first_layers,
                                last_stage_layers_in_flight=last_layers, first_stage_bytes=first,
                                last_stage_bytes=last, working_bytes=working, logits_bytes=logits,

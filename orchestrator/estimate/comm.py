@@ -199,6 +199,8 @@ class DataParallelWork:
     backward_gather_passes: float | None = None   # DeepSpeed ZeRO-3 backward all-gathers in passes of the
                                      # parameters (engines.ds_backward_regather_share); None: 2 with full
                                      # recompute, else 1 (nothing kept gathered from the forward)
+    bucket_all_reduce: bool = False  # DeepSpeed >= 0.12.4 ZeRO-1/2: gradient buckets all-reduced, not
+                                     # reduce-scattered (estimate/engines.py ds_bucket_all_reduce)
     list_collectives: bool = False   # DeepSpeed < 0.5 ZeRO-3: per-parameter, host-synchronous gathers on
                                      # lists of n tensors (estimate/engines.py ds_list_collectives)
 
@@ -225,7 +227,7 @@ def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw
     hide_b, hide_f = overlap * w.backward_window_s, overlap * w.forward_window_s
     sharded_units = w.engine == "megatron" and w.zero_stage >= 2      # Megatron FSDP: one unit per layer
     bucket = w.param_elements / max(1, w.layers) if sharded_units else reduce_bucket_elements(w.engine, n)
-    kind = "all_reduce" if w.zero_stage == 0 else "reduce_scatter"
+    kind = "all_reduce" if w.zero_stage == 0 or (w.bucket_all_reduce and w.zero_stage <= 2) else "reduce_scatter"
     red_s, red_one, red_calls = bucketed_s(kind, grads, bucket * w.grad_bytes, pl, hw)
     red_bytes = ring_bytes(grads, n, kind)
     if w.zero_stage <= 2:

@@ -43,6 +43,10 @@ FLASH_BWD_FACTOR = 2.5
 KERNELS_FWD = 20          # kernels of one layer's forward (GEMMs, fused element-wise, attention, copies)
 KERNELS_BWD = 40
 ADAM_BYTES_PER_PARAM = 36  # read master, m, v, fp32 grad; write master, m, v, 16-bit copy; norm; zeroing
+# PyTorch's unfused AdamW (torch.optim.adam._single_tensor_adam, fp32, decoupled weight decay): one pass per
+# op, counted: param.mul_ 8, exp_avg.lerp_ 12, exp_avg_sq.mul_ 8 + addcmul_ 12, sqrt 8, div 8, add_ 8,
+# param.addcdiv_ 16.
+ADAM_UNFUSED_BYTES_PER_PARAM = 80
 
 
 @lru_cache(maxsize=65536)
@@ -230,6 +234,6 @@ def straggler_factor(num_gpus: int, spread: float) -> float:
     return 1 + spread * max(0.0, a - (log(log(num_gpus)) + log(4 * pi)) / (2 * a))
 
 
-def optimizer_step_s(local_params: float, hw: Hardware) -> float:
+def optimizer_step_s(local_params: float, hw: Hardware, *, fused: bool = True) -> float:
     """Adam step over the parameters whose optimizer states this GPU owns (memory-bound)."""
-    return ADAM_BYTES_PER_PARAM * local_params / hw.hbm_Bps
+    return (ADAM_BYTES_PER_PARAM if fused else ADAM_UNFUSED_BYTES_PER_PARAM) * local_params / hw.hbm_Bps

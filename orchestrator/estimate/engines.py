@@ -41,6 +41,20 @@ from functools import lru_cache
 from ..validate._deepspeed_keys_data import DEEPSPEED_VERSION  # the DeepSpeed orch writes ds_config for
 
 DS_COALESCED_GATHERS_SINCE = (0, 5)
+# ZeRO-1/2 reduce their gradient buckets with all_reduce since DeepSpeed 0.12.4 (PR #4695, "Communication
+# Optimization for Large-Scale Training": ``zero_optimization.use_multi_rank_bucket_allreduce``, default
+# true, sends ``average_tensor`` through ``allreduce_and_scatter``; issue #7059 logs ``comm op: all_reduce``
+# with ``reduce_scatter: true``). Before, one reduce per partition owner: a reduce-scatter's volume.
+DS_BUCKET_ALL_REDUCE_SINCE = (0, 12, 4)
+# Where the host is the device (CPU target, DeepSpeed's synchronous CPU accelerator) the ZeRO-1/2 buffer
+# copies sit on the critical path. Counted in DeepSpeed 0.19.8's ``runtime/zero/stage_1_and_2.py``, each a
+# read and a write: per micro-batch over the full gradient, the hook's copy into the contiguous bucket, the
+# ``div_`` by the DP size in ``average_tensor`` and the flatten in ``allreduce_and_copy_with_multiple_ranks``
+# (3); per step over the rank's fp32 partition, the copy back of the reduced slice, the copy into the fp32
+# gradient partition, the clip (``unscale_and_clip_grads``) and the copy of the updated fp32 partition into
+# the parameters (4), plus one read for the gradient norm.
+DS_FULL_GRAD_COPIES = 3
+DS_PARTITION_COPIES = 4
 DS_REDUCE_BUCKET_ELEMENTS = 500_000_000
 DS_MAX_REUSE_DISTANCE = 1_000_000_000   # stage3_max_reuse_distance (and max_live_parameters) orch writes
 DS_GATHERS_PER_LAYER = 4
@@ -115,8 +129,24 @@ def ds_backward_regather_share(module_elements: tuple[int, ...], layers: int, fu
     return gathered / (layers * per_layer)
 
 
+def _version(version: str | None) -> tuple[int, ...]:
+    return tuple(int(p) for p in (version or DEEPSPEED_VERSION).split(".")[:3] if p.isdigit())
+
+
+def ds_bucket_all_reduce(version: str | None) -> bool:
+    """True for a DeepSpeed whose ZeRO-1/2 all-reduce gradient buckets (DS_BUCKET_ALL_REDUCE_SINCE)."""
+    return _version(version) >= DS_BUCKET_ALL_REDUCE_SINCE
+
+
+def ds_zero12_copy_bytes(grad_elements: float, grad_bytes: int, dp: int, micro_batches: int, zero_stage: int) -> float:
+    """Bytes DeepSpeed's ZeRO-1/2 moves through memory per step copying gradient buffers (DS_FULL_GRAD_COPIES,
+    DS_PARTITION_COPIES); ZeRO-2 reduces, and copies, every micro-batch, ZeRO-1 once per step."""
+    full = (micro_batches if zero_stage == 2 else 1) * DS_FULL_GRAD_COPIES * 2 * grad_elements * grad_bytes
+    partition = (DS_PARTITION_COPIES * 2 + 1) * grad_elements / dp * 4        # the fp32 partition
+    return full + partition
+
+
 def ds_list_collectives(version: str | None) -> bool:
     """True for a DeepSpeed whose ZeRO-3 runs host-synchronous per-parameter collectives on lists of
     world-size tensors (before DS_COALESCED_GATHERS_SINCE); None: the version orch writes configs for."""
-    parts = tuple(int(p) for p in (version or DEEPSPEED_VERSION).split(".")[:2] if p.isdigit())
-    return parts < DS_COALESCED_GATHERS_SINCE
+    return _version(version)[:2] < DS_COALESCED_GATHERS_SINCE

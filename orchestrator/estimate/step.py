@@ -28,8 +28,8 @@ from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, 
                    ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import (ds_backward_regather_share, ds_list_collectives, gathers_per_layer, grad_reduce_bytes,
-                      param_tensors_per_layer)
+from .engines import (ds_backward_regather_share, ds_bucket_all_reduce, ds_list_collectives, ds_zero12_copy_bytes,
+                      gathers_per_layer, grad_reduce_bytes, param_tensors_per_layer)
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .hardware import Hardware, hardware_for
@@ -363,11 +363,12 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
             backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s),
             backward_gather_passes=ds_backward_gather_passes(ctx, lay, reduce_layers),
+            bucket_all_reduce=ctx.engine == "deepspeed" and ds_bucket_all_reduce(ctx.engine_version),
             list_collectives=ctx.engine == "deepspeed" and ds_list_collectives(ctx.engine_version))
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m, reduce_layers)
     step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.link == "loopback" else 0.0
-    offload_host = offload_host_s(ctx, lay, reduce_layers)
+    offload_host = offload_host_s(ctx, lay, reduce_layers) + zero12_copies_s(ctx, lay, params.per_gpu, m)
     if ctx.precision == "fp8":
         optimizer_s += weight_cast_s(params.per_gpu, hw)
     fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m)
@@ -458,6 +459,18 @@ def offload_host_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
     return tensors * ctx.cost.offload_tensor_host_s
 
 
+def zero12_copies_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int) -> float:
+    """DeepSpeed ZeRO-1/2's gradient-buffer copies (engines.ds_zero12_copy_bytes) where the host is the device:
+    on the critical path of DeepSpeed's synchronous CPU accelerator. On a GPU they run on DeepSpeed's
+    reduction stream (``overlap_comm``) behind the backward: not counted."""
+    if ctx.engine != "deepspeed" or lay.zero_stage not in (1, 2) or ctx.hw.link != "loopback" or lay.offload != "none":
+        return 0.0
+    dp = grad_sync_size(lay)
+    nbytes = ds_zero12_copy_bytes(stage_params, grad_reduce_bytes(ctx.engine, ctx.precision, ctx.hw.dtype_bytes),
+                                  dp, m, lay.zero_stage)
+    return nbytes / ctx.hw.hbm_Bps
+
+
 def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
     """Exposed pipeline transfers per micro-batch on a stage's critical path. Megatron's 1F1B sends the
     activation forward and receives the gradient in one batched exchange (p2p_communication.py:
@@ -496,7 +509,8 @@ def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int, l
     owned = ((stage_params - expert) / grad_sync_size(lay) + expert / lay.edp) if lay.zero_stage >= 1 \
         else stage_params
     if lay.offload == "none":
-        return optimizer_step_s(owned, hw), 0.0
+        # On CPU orch writes torch_adam (render/deepspeed.py): PyTorch's unfused single-tensor Adam.
+        return optimizer_step_s(owned, hw, fused=ctx.gpu != "cpu"), 0.0
     pcie = 2 * hw.dtype_bytes * owned / hw.host_Bps          # gradients down, parameters up
     adam = owned / ctx.cost.cpu_adam_params_per_s
     fetch = 0.0

@@ -76,7 +76,7 @@ def _ended_after_cancel(record: JobRecord, code_file: Path) -> bool:
     if not isinstance(cancelled, (int, float)):
         return False
     try:
-        return code_file.stat().st_mtime >= cancelled - 1.0   # 1 s: file-system timestamp granularity
+        return code_file.stat().st_mtime >= cancelled       # cancel records the time before it signals
     except OSError:
         return False
 

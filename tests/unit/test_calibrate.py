@@ -180,7 +180,8 @@ def test_reduction_time_counts_passes():
     spec = parse_spec(spec_data(**{"parallelism.zero_stage": 0}))
     lay = require_complete(spec)
     one = reduction_time_s(spec, dataclasses.replace(lay, zero_stage=1), CostModel())
-    assert reduction_time_s(spec, lay, CostModel()) == pytest.approx(2 * one, rel=0.05)
+    # DeepSpeed >= 0.12.4 all-reduces ZeRO-1/2 gradient buckets (engines.DS_BUCKET_ALL_REDUCE_SINCE)
+    assert reduction_time_s(spec, lay, CostModel()) == pytest.approx(one, rel=0.05)
     assert reduction_time_s(spec, dataclasses.replace(lay, zero_stage=2), CostModel()) == pytest.approx(2 * one, rel=0.05)  # m=2
 
 

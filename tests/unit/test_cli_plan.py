@@ -47,6 +47,13 @@ def test_plan_json_matches_spec_md(name, capsys):
     assert out == json.dumps(data, sort_keys=True, indent=2) + "\n"
 
 
+def test_plan_json_puts_the_plausibility_warning_on_stderr(capsys):
+    # gpt3-1.7b on 32 A100s is planned above the best MFU published on A100 (estimate/plausibility.py)
+    code, out, err = run_cli(["plan", str(EXAMPLES / "gpt3-1.7b-32xa100.yaml"), "--json"], capsys)
+    assert code == 0 and set(json.loads(out)) == {"chosen", "candidates"}
+    assert "warning: implausible prediction: MFU" in err
+
+
 def test_example_fixed_fields_are_honoured(capsys):
     _, out, _ = run_cli(["plan", str(EXAMPLES / "gpt3-175b-1024xa100.yaml"), "--json"], capsys)
     chosen = json.loads(out)["chosen"]

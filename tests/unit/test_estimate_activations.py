@@ -107,3 +107,16 @@ def test_even_split_has_no_larger_middle_stage():
     assert 0 < est.middle_stage_bytes < est.first_stage_bytes
     two = dataclasses.replace(MTNLG, num_layers=104)
     assert estimate_activations(two, T, 2, 1, True, "selective", 1, 64, 51200).middle_stage_bytes == 0  # no middle
+
+
+def test_logits_and_the_recompute_working_set_are_not_live_together():
+    # The loss backward frees the logits, their fp32 softmax and gradient before the last layer is recomputed:
+    # the last stage adds the larger of the two transients, not both.
+    for mb, vocab in ((1, 51200), (4, 51200), (1, 1_024_000)):
+        one = estimate_activations(MTNLG, 8, 35, 1, False, "full", mb, 35, vocab)
+        stored = int(one.per_layer_bytes * one.last_stage_layers_in_flight)
+        assert one.last_stage_bytes == stored + max(one.logits_bytes, one.working_bytes)
+        single = estimate_activations(MTNLG, 8, 1, 1, False, "full", mb, 1, vocab)
+        embedding_out = 3 * S * mb * H      # its 16-bit dropout output and 1-byte mask
+        assert single.last_stage_bytes == (int(single.per_layer_bytes * single.last_stage_layers_in_flight)
+                                           + embedding_out + max(single.logits_bytes, single.working_bytes))

@@ -82,6 +82,9 @@ def test_dp_volume_by_zero_stage():
     assert data_parallel_comm(work(zero_stage=1), pl, 0.0, h).bytes == pytest.approx(2 * one)      # RS + AG
     assert data_parallel_comm(work(zero_stage=2), pl, 0.0, h).bytes == pytest.approx(5 * one)      # RS per mb + AG
     assert data_parallel_comm(work(zero_stage=3), pl, 0.0, h).bytes == pytest.approx(4 * 3 * one)  # 1.5x AR per pass
+    # DeepSpeed >= 0.12.4 all-reduces the ZeRO-1/2 gradient buckets: an all-reduce's volume, then the AG
+    assert data_parallel_comm(work(zero_stage=1, bucket_all_reduce=True), pl, 0.0, h).bytes == pytest.approx(3 * one)
+    assert data_parallel_comm(work(zero_stage=2, bucket_all_reduce=True), pl, 0.0, h).bytes == pytest.approx(9 * one)
 
 
 def test_dp_calls_follow_the_engines_buckets_and_units():

@@ -129,8 +129,11 @@ def _tp_exposed_fraction(gpu: str, sp: bool) -> float:
 
 def test_tp_comm_overlap_with_sequence_parallelism_on_nvlink_gpus_only():
     hidden = CostModel().tp_comm_overlap
-    assert _tp_exposed_fraction("a100-80gb", sp=True) == pytest.approx(1 - hidden)   # --tp-comm-overlap
-    assert _tp_exposed_fraction("a100-80gb", sp=False) == pytest.approx(1.0)         # plain all-reduces
+    assert _tp_exposed_fraction("h100-sxm", sp=True) == pytest.approx(1 - hidden)    # --tp-comm-overlap
+    assert _tp_exposed_fraction("h100-sxm", sp=False) == pytest.approx(1.0)          # plain all-reduces
+    # A100: no userbuffers overlap (CUDA multicast is compute capability 9.0+; the published A100 runs ran
+    # their TP collectives in series), with or without sequence parallelism
+    assert _tp_exposed_fraction("a100-80gb", sp=True) == pytest.approx(1.0)
     assert _tp_exposed_fraction("l40s", sp=True) == pytest.approx(1.0)               # PCIe: no userbuffers
 
 
@@ -138,7 +141,8 @@ def test_megatron_args_carry_tp_comm_overlap_exactly_when_the_model_assumed_it()
     from orchestrator.plan import Plan
     from orchestrator.render.megatron import render_megatron_args
 
-    for gpu, sp, expected in (("h100-sxm", True, True), ("h100-sxm", False, False), ("l40s", True, False)):
+    for gpu, sp, expected in (("h100-sxm", True, True), ("h100-sxm", False, False), ("l40s", True, False),
+                              ("a100-80gb", True, False)):
         spec = parse_spec({"name": "s", "model": {"preset": "gpt3-7.5b"},
                            "cluster": {"gpu": gpu, "num_nodes": 8, "gpus_per_node": 8},
                            "training": {"global_batch_size": 512, "precision": "bf16"}})

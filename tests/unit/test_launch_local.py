@@ -165,7 +165,7 @@ def test_a_job_that_ends_after_cancel_is_cancelled_whatever_its_code(tmp_path):
     record = JobRecord(backend="local", job_id="999999999", run_dir=str(tmp_path), submitted_unix=time.time() - 60)
     (logs / local.EXIT_CODE_FILE).write_text("1\n")
     assert local.status(record) == local.JobState.FAILED
-    record.extra["cancelled_unix"] = time.time()
+    record.extra["cancelled_unix"] = (logs / local.EXIT_CODE_FILE).stat().st_mtime - 0.5    # asked, then it ended
     assert local.status(record) == local.JobState.CANCELLED
     record.extra["cancelled_unix"] = time.time() + 3600     # asked for after the job had already failed
     assert local.status(record) == local.JobState.FAILED

@@ -1,0 +1,43 @@
+"""What the cost model takes from each engine's own code: DeepSpeed's ZeRO-1/2 reduction and buffer copies."""
+from __future__ import annotations
+
+import dataclasses
+
+from orchestrator.estimate import estimate_layout
+from orchestrator.estimate.compute import optimizer_step_s
+from orchestrator.estimate.cost import CostModel
+from orchestrator.estimate.engines import ds_bucket_all_reduce, ds_zero12_copy_bytes
+from orchestrator.estimate.hardware import hardware_for
+from orchestrator.layout import require_complete
+from orchestrator.spec import parse_spec
+from tests.conftest import spec_data
+
+
+def test_zero12_all_reduces_gradient_buckets_from_deepspeed_0_12_4():
+    assert not ds_bucket_all_reduce("0.4") and not ds_bucket_all_reduce("0.12.3")
+    assert ds_bucket_all_reduce("0.12.4") and ds_bucket_all_reduce(None)      # None: the DeepSpeed orch writes for
+
+
+def test_zero2_copies_every_micro_batch_zero1_once():
+    one = ds_zero12_copy_bytes(1e6, 4, dp=2, micro_batches=1, zero_stage=2)
+    assert ds_zero12_copy_bytes(1e6, 4, dp=2, micro_batches=4, zero_stage=2) > 2.5 * one
+    assert ds_zero12_copy_bytes(1e6, 4, dp=2, micro_batches=4, zero_stage=1) == one
+    assert ds_zero12_copy_bytes(1e6, 4, dp=4, micro_batches=1, zero_stage=2) < one    # smaller fp32 partition
+
+
+def test_buffer_copies_count_on_cpu_only():
+    """On the CPU target DeepSpeed's accelerator is synchronous: the copies are engine time; on a GPU they run
+    on the reduction stream behind the backward."""
+    cpu = parse_spec(spec_data(**{"parallelism.zero_stage": 2}))
+    lay = require_complete(cpu)
+    z0 = estimate_layout(cpu, dataclasses.replace(lay, zero_stage=0)).breakdown.engine_s
+    assert estimate_layout(cpu, lay).breakdown.engine_s > z0
+    gpu = parse_spec(spec_data(**{"parallelism.zero_stage": 2, "cluster.gpu": "h100-sxm", "training.precision": "bf16"}))
+    glay = require_complete(gpu)
+    assert estimate_layout(gpu, glay).breakdown.engine_s == estimate_layout(
+        gpu, dataclasses.replace(glay, zero_stage=0)).breakdown.engine_s
+
+
+def test_unfused_adam_moves_more_bytes():
+    hw = hardware_for(parse_spec(spec_data()), CostModel())
+    assert optimizer_step_s(1e6, hw, fused=False) > 2 * optimizer_step_s(1e6, hw)

@@ -1,0 +1,40 @@
+"""Every published layout is judged to fit, and layouts that truly do not fit are still refused.
+
+Published runs: the throughput rows of the reference file (Narayanan et al. 2021 Tables 1 and 2), the extra
+published runs (BLOOM-176B, MT-NLG 530B on 280/350/420 nodes), the 530B ZeRO-3 rows of Table 2 and the
+MoE / context-parallel / FP8 H100 runs. Each ran, so each must fit the planner's memory model.
+"""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.plan import build_plan
+from orchestrator.planner import NoFitError, search
+from orchestrator.published import (EXTRA_CASES, FIT_ONLY_CASES, load_cases, published_estimate,
+                                    throughput_spec, zero3_530b_case)
+from orchestrator.published_layouts import layout_case_spec, load_layout_cases
+from tests.conftest import ROOT
+
+DATA = ROOT / "tests" / "data"
+PUBLISHED = [*load_cases(DATA / "published-cases.json", "throughput"), *EXTRA_CASES, *FIT_ONLY_CASES]
+
+
+@pytest.mark.parametrize("case", PUBLISHED, ids=lambda c: c["id"])
+def test_published_layout_fits(case):
+    est = published_estimate(case)          # NoFitError when no plausible micro-batch fits
+    assert est.fits and est.memory.total_bytes <= est.memory.usable_bytes
+
+
+@pytest.mark.parametrize("case", load_layout_cases(DATA / "published-moe-cp-fp8.json"), ids=lambda c: c["id"])
+def test_published_moe_cp_fp8_layout_fits(case):
+    assert build_plan(layout_case_spec(case), top_k=1).chosen["memory"]["fits"] is True
+
+
+@pytest.mark.parametrize("gpus, batch, micro_batch", [
+    (640, 5120, 8),     # Table 2's 640-GPU 530B ZeRO-3 row at twice its micro-batch: ~100 GiB of activations
+    (320, 1280, 4),     # the same micro-batch on half the GPUs: twice the model states per GPU
+])
+def test_truly_non_fitting_530b_zero3_layouts_are_refused(gpus, batch, micro_batch):
+    case = zero3_530b_case(gpus, batch, micro_batch, 0.0)
+    with pytest.raises(NoFitError):
+        search(throughput_spec(case), top_k=1)
