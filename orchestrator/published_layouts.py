@@ -3,7 +3,9 @@
 Each case names a model preset, the cluster (DGX-H100: 8 GPUs per node), the batch and the layout as
 published (tp, pp, cp, virtual stages, ep, micro-batch; FSDP = 1 -> ZeRO-3, 0 -> Megatron's distributed
 optimizer, ZeRO-1), and the tokens/s per GPU reported. What the tables do not publish (recompute, expert
-tensor parallelism) stays open for the planner. Sources are in each case's ``source``.
+tensor parallelism) stays open for the planner. Sources are in each case's ``source``; a case whose
+recipe ran without Megatron's EP all-to-all overlap (which orch generates wherever it can) says so
+(``ep_a2a_overlap: false``) and is predicted that way (:func:`predicted_layout`).
 
 Llama 3.1 405B (126 layers) on pp 8 with 8 virtual stages ran with Megatron's
 --account-for-embedding/loss-in-pipeline-split (128 "layers"): its spec sets
@@ -38,6 +40,14 @@ def layout_case_spec(case: dict, *, published_layout: bool = True) -> Spec:
     if published_layout:
         data["parallelism"] = _published_parallelism(case)
     return parse_spec(data)
+
+
+def predicted_layout(case: dict) -> dict:
+    """The cost model's LAYOUT record for a case as its run was configured: the published layout, and
+    without Megatron's EP all-to-all overlap where the case says its recipe ran without it
+    (``ep_a2a_overlap: false``, with the recipe in its source)."""
+    from .planner import search  # noqa: PLC0415
+    return search(layout_case_spec(case), top_k=1, ep_a2a_overlap=case.get("ep_a2a_overlap", True)).chosen.to_dict()
 
 
 def _published_parallelism(case: dict) -> dict:

@@ -58,9 +58,12 @@ class EstimateContext:
     gpu: str = "h100-sxm"         # catalog key (FP8 GEMM rates)
     engine_version: str | None = None   # DeepSpeed release the run uses; None: the one orch writes for
                                         # (estimate/engines.py DEEPSPEED_VERSION; only published runs set it)
+    ep_a2a_overlap: bool = True   # False: a published run that ran without --overlap-moe-expert-parallel-comm
+                                  # (orch emits it wherever Megatron allows it; only published runs set it)
 
     @classmethod
-    def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None) -> "EstimateContext":
+    def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None,
+           ep_a2a_overlap: bool = True) -> "EstimateContext":
         cost = cost or CostModel()
         c = spec.cluster
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
@@ -68,7 +71,7 @@ class EstimateContext:
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=spec.training.engine or default_engine(c.gpu),
                    host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
-                   engine_version=engine_version)
+                   engine_version=engine_version, ep_a2a_overlap=ep_a2a_overlap)
 
 
 @dataclass(frozen=True)
@@ -334,7 +337,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
     head = slow * head_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
     emb = slow * embedding_time_s(rshape, hw, tp, mb)
-    overlap = uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp, lay.recompute)
+    overlap = ctx.ep_a2a_overlap and uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp,
+                                                         lay.recompute)
     ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap)
     times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s, head, emb)
     slowest, mean, stage_layers = times.slowest_s, times.mean_s, times.slowest_layers

@@ -19,7 +19,7 @@ from orchestrator.estimate.step import EstimateContext, estimate_layout
 from orchestrator.layout import layout_from_spec
 from orchestrator.estimate.cost import CostModel
 from orchestrator.plan import build_plan
-from orchestrator.published_layouts import layout_case_spec, load_layout_cases, moe_layer_case_shape
+from orchestrator.published_layouts import layout_case_spec, load_layout_cases, moe_layer_case_shape, predicted_layout
 from orchestrator.spec import parse_spec
 from tests.conftest import ROOT
 
@@ -130,3 +130,16 @@ def test_adam_steps_the_experts_shard_of_the_expert_data_parallel_group():
     owned = (per_gpu - expert) / 64 + expert / 8
     assert (lay.dp, lay.edp) == (64, 8)
     assert estimate_layout(s, lay).breakdown.optimizer_s == pytest.approx(optimizer_step_s(owned, hw))
+
+
+def test_a_published_run_without_the_ep_overlap_exposes_its_whole_all_to_all():
+    """NVIDIA's 26.04 Qwen3-30B-A3B H100 recipe ran without --overlap-moe-expert-parallel-comm; orch emits it
+    (pp 1), so only the case's ep_a2a_overlap: false makes the model expose the whole dispatch and combine."""
+    case = next(c for c in load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")
+                if c["id"] == "mbridge2604_qwen3_30b_a3b_fp8")
+    assert case["ep_a2a_overlap"] is False
+    as_run = predicted_layout(case)
+    as_orch = predicted_layout({**case, "ep_a2a_overlap": True})
+    assert as_run["comm"]["ep_exposed_s"] == pytest.approx(as_run["comm"]["ep_s"])
+    assert as_orch["comm"]["ep_exposed_s"] < 0.8 * as_orch["comm"]["ep_s"]
+    assert as_run["step_time_s"] > as_orch["step_time_s"]
