@@ -10,11 +10,11 @@ Narayanan et al. 2021, Table 1 runs are modelled as the software of the time ran
 fp16 mixed precision, no fused (flash) attention, no sequence parallelism, full activation recomputation,
 no ZeRO (plain data parallelism). A case may say ``"precision"`` in its published layout (default fp16).
 
-DeepSpeed runs are modelled on the DeepSpeed of their time too (:func:`case_engine_version`): a case's
-``published.engine_version`` when it states one, else the release current in the year its source was
-published; up to 2021 that is the ZeRO-3 of DeepSpeed 0.3.x-0.4.x (per-parameter, host-synchronous
-collectives on tensor lists: estimate/engines.py), from 2022 on the one orch writes configs for. The
-three ZeRO-3 rows of Narayanan et al. 2021, Table 2 reflect the former.
+DeepSpeed runs are modelled on the DeepSpeed they ran (:func:`case_engine_version`): a case states its release
+in ``published.engine_version``, with the evidence in ``published.engine_version_source`` (a paper rarely
+names it; the release history and the paper's date bound it). A DeepSpeed case without one is predicted as the
+DeepSpeed orch writes configs for. The three ZeRO-3 rows of Narayanan et al. 2021, Table 2 ran a 0.3.x
+release (per-parameter, host-synchronous collectives on tensor lists: estimate/engines.py).
 
 Where a case's layer count does not divide its pipeline degree, a DeepSpeed case gets the balanced uneven
 split (:func:`orchestrator.stages.balanced_split`: first and last stage lighter, middle stages equal), which
@@ -25,7 +25,6 @@ split to the planner, which also weighs counting the embedding and the loss as l
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from .spec import Spec, parse_spec
@@ -56,6 +55,14 @@ BLOOM_176B = {
 }
 
 
+# Why Table 2's ZeRO-3 rows ran DeepSpeed 0.3.x (tests/data/published-cases.json says the same for the 175B rows).
+TABLE2_DEEPSPEED_SOURCE = (
+    "not stated in the paper (section 5.2: ZeRO integrated 'using the DeepSpeed Python library'); ZeRO-3 first "
+    "shipped in DeepSpeed v0.3.12 (git tag 2021-03-12) and arXiv 2104.04473v1 is dated 2021-04-09, so one of "
+    "v0.3.12-v0.3.14 (tags 2021-03-12, 03-16, 04-08), which share the ZeRO-3 code paths the cost model "
+    "distinguishes (orchestrator/estimate/engines.py)")
+
+
 def zero3_530b_case(gpus: int, batch: int, micro_batch: int, tflops: float) -> dict:
     """Narayanan et al. 2021, Table 2's 529.6B model under ZeRO-3 without model parallelism, on ``gpus``."""
     return {
@@ -67,7 +74,8 @@ def zero3_530b_case(gpus: int, batch: int, micro_batch: int, tflops: float) -> d
         "cluster": {"gpus": gpus, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8},
         "global_batch": batch,
         "published": {"tp": 1, "pp": 1, "dp": gpus, "micro_batch": micro_batch, "zero_stage": 3, "recompute": "full",
-                      "precision": "fp16", "tflops_per_gpu": tflops, "engine": "deepspeed"},
+                      "precision": "fp16", "tflops_per_gpu": tflops, "engine": "deepspeed",
+                      "engine_version": "0.3", "engine_version_source": TABLE2_DEEPSPEED_SOURCE},
         "notes": "the 529.6B model of Table 1 (105 layers, h 20480, 128 heads); DeepSpeed ZeRO-3 of 2021",
     }
 
@@ -143,20 +151,13 @@ def case_engine(case: dict) -> str:
     return case["published"].get("engine", "megatron")
 
 
-# The DeepSpeed of a publication year before coalesced ZeRO-3 gathers (DeepSpeed 0.5, late 2021): 0.4.x.
-LEGACY_DEEPSPEED = "0.4"
-LAST_LEGACY_YEAR = 2021
-
-
 def case_engine_version(case: dict) -> str | None:
-    """The DeepSpeed release a DeepSpeed case ran: ``published.engine_version``, else LEGACY_DEEPSPEED for
-    a source published up to LAST_LEGACY_YEAR; None (the version orch writes for) otherwise."""
+    """The DeepSpeed release a DeepSpeed case ran (``published.engine_version``); None: not stated, predicted
+    as the DeepSpeed orch writes configs for. Megatron cases: None."""
     if case_engine(case) != "deepspeed":
         return None
-    if case["published"].get("engine_version"):
-        return str(case["published"]["engine_version"])
-    year = re.search(r"\b(19|20)\d\d\b", case.get("source", ""))
-    return LEGACY_DEEPSPEED if year and int(year.group()) <= LAST_LEGACY_YEAR else None
+    version = case["published"].get("engine_version")
+    return str(version) if version else None
 
 
 def case_recompute(case: dict) -> str:

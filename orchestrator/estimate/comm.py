@@ -31,8 +31,13 @@ What is sent:
   Overlap: DeepSpeed prefetches about one module ahead (orch's stage3_prefetch_bucket_size, 0.9h^2, is less
   than one GEMM weight), so module i+1's gather runs behind module i's compute; with a layer's modules
   of similar size that is the aggregate rule of :func:`data_parallel_comm` (hidden up to ``overlap`` of the
-  pass, the first gather exposed). DeepSpeed before 0.5 synchronised the host before every gather: none
-  hidden, and n device copies per call (estimate/engines.py). NCCL does not thin its channels for these
+  pass, the first gather exposed). DeepSpeed before 0.6 (estimate/engines.py Zero3Runtime) prefetches the
+  same way, but the host synchronizes the device at every fetch and then, before it launches the module's
+  compute, zeroes the next gather's buffer and (before 0.5.5) walks the n ranks to build the gather's list of
+  n views, which ProcessGroupNCCL copies back one by one: that host work is exposed, n per gather; before
+  0.4.3 the gradients are all-reduced in reduce buckets, from 0.4.3 to 0.6 reduce-scattered per parameter on
+  lists of n views (the same per-rank loop and copies, in the backward's hooks: hidden like the
+  reduction). NCCL does not thin its channels for these
   buffers: enqueue.cc drops channels/threads only below nChannels x nThreads x 64 bytes (Simple; the ring
   LL threshold is x nRanks), i.e. ~0.5 MiB, far below one module's parameters.
 * TP (per layer, per micro-batch): two all-reduces of s*b*h in the forward and two in the backward
@@ -48,8 +53,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil, log2
+from typing import TYPE_CHECKING
 
 from .hardware import Hardware
+
+if TYPE_CHECKING:
+    from .engines import Zero3Runtime
 
 
 @dataclass(frozen=True)
@@ -201,8 +210,10 @@ class DataParallelWork:
                                      # recompute, else 1 (nothing kept gathered from the forward)
     bucket_all_reduce: bool = False  # DeepSpeed >= 0.12.4 ZeRO-1/2: gradient buckets all-reduced, not
                                      # reduce-scattered (estimate/engines.py ds_bucket_all_reduce)
-    list_collectives: bool = False   # DeepSpeed < 0.5 ZeRO-3: per-parameter, host-synchronous gathers on
-                                     # lists of n tensors (estimate/engines.py ds_list_collectives)
+    zero3: Zero3Runtime | None = None   # DeepSpeed ZeRO-3: what its release does per collective
+                                        # (estimate/engines.py ds_zero3_runtime); None: the current one
+    rank_host_s: float = 0.0            # host time per rank of a list collective's Python loop
+                                        # (CostModel.ds_list_rank_host_s)
 
 
 def list_copies_s(nbytes: float, n: int, hw: Hardware) -> float:
@@ -246,22 +257,49 @@ def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw
     passes_b = 2 if w.full_recompute else 1                          # backward re-gathers for the recompute too
     if w.backward_gather_passes is not None:                         # less what DeepSpeed keeps gathered
         passes_b = w.backward_gather_passes
-    if w.list_collectives:
-        # DeepSpeed < 0.5: one reduce-scatter per parameter too, every call on n-tensor lists (n copies);
-        # each gather waits for the compute before it (torch.cuda.synchronize): none hidden.
+    host = zero3_gather_host_s(w, params / units, n, hw)             # exposed per gather (DeepSpeed < 0.6)
+    rt = w.zero3
+    if rt is not None and rt.allreduce_gradients:                   # DeepSpeed < 0.4.3: full all-reduce per bucket
+        red_s, red_one, red_calls = bucketed_s("all_reduce", grads, DS_REDUCE_BUCKET_ELEMENTS * w.grad_bytes, pl, hw)
+        red_bytes = ring_bytes(grads, n, "all_reduce")
+    elif rt is not None and rt.list_reduce_scatters:                # one per parameter, on n input views
         red_s, red_one, red_calls = bucketed_s(kind, grads, grads / units, pl, hw)
-        red_one += list_copies_s(grads / units, n, hw)
+        red_one += list_copies_s(grads / units, n, hw) + n * w.rank_host_s
         red_s = red_calls * red_one
-        g_one += list_copies_s(params / units, n, hw)
-        g_s = units * g_one
-        exposed_f, exposed_b = g_s, passes_b * g_s + max(red_one, red_s - hide_b)
-    else:
-        exposed_f = max(g_one, g_s - hide_f)
-        exposed_b = max(g_one, passes_b * g_s + red_s - hide_b)
-    per_mb_time = (1 + passes_b) * g_s + red_s
+    waited = prefetch_waited_share(w, units)                          # gathers the host waits for in a prefetch
+    exposed_f = waited * g_s + max(g_one, (1 - waited) * g_s - hide_f) + units * host
+    exposed_b = waited * passes_b * g_s + max(g_one, (1 - waited) * passes_b * g_s + red_s - hide_b) \
+        + passes_b * units * host
+    per_mb_time = (1 + passes_b) * (g_s + units * host) + red_s
     per_mb_bytes = (1 + passes_b) * ring_bytes(params, n) + red_bytes
     return DataParallelComm(m * per_mb_bytes, m * per_mb_time, m * (exposed_f + exposed_b), reduce_s=m * red_s,
                             calls=m * (round((1 + passes_b) * units) + red_calls))
+
+
+def prefetch_waited_share(work: DataParallelWork, units: int) -> float:
+    """Share of ZeRO-3 gathers that DeepSpeed before 0.6 runs with nothing to hide behind: a prefetch takes
+    ceil(prefetch_elements / unit) units of the stage's mean gather unit, and each gather after the first
+    waits for the one before in torch.cuda.synchronize(), before the compute is launched; only the last
+    hides (engines.Zero3Runtime). 0 for the current DeepSpeed and for modules larger than the bucket."""
+    rt = work.zero3
+    if rt is None or not rt.synchronous_fetch or not rt.prefetch_elements:
+        return 0.0
+    per_prefetch = max(1, ceil(rt.prefetch_elements / (work.param_elements / units)))
+    return (per_prefetch - 1) / per_prefetch
+
+
+def zero3_gather_host_s(work: DataParallelWork, nbytes: float, n: int, hw: Hardware) -> float:
+    """What DeepSpeed before 0.6 does per ZeRO-3 gather of ``nbytes`` between the fetch's device-wide
+    synchronize and the launch of the module's compute (engines.Zero3Runtime), none of it hidden: zero the
+    gather's buffer (torch.zeros, waited by torch.cuda.synchronize()) and, before 0.5.5, the per-rank loop that
+    builds the list of n output views and ProcessGroupNCCL's n copies back into them."""
+    rt = work.zero3
+    if rt is None or not rt.synchronous_fetch:
+        return 0.0
+    host = nbytes / hw.hbm_Bps
+    if rt.list_gathers:
+        host += n * work.rank_host_s + list_copies_s(nbytes, n, hw)
+    return host
 
 
 def tensor_parallel_layer_comm(*, tokens: int, hidden: int, pl: Placement, sp: bool, full_recompute: bool,

@@ -17,30 +17,52 @@ defaults for the flags orch emits (core_v0.16.1).
   behind the next forward). Megatron FSDP (ZeRO-2/3) shards per transformer layer: one all-gather per layer
   and pass, one reduce-scatter per layer in the backward.
 
-DeepSpeed version. orch writes ds_config.json for DeepSpeed ``DEEPSPEED_VERSION`` (0.19.8, validate/_deepspeed_keys_data.py), and that is the
-runtime the planner predicts by default: ZeRO-3 gathers each module's parameters with one coalesced
-all-gather into a flat buffer (``allgather_coalesced`` / ``all_gather_into_tensor``) on its own stream,
-prefetched behind compute (stage3_prefetch_bucket_size), and reduce-scatters gradients in buckets.
-The ZeRO-3 of early 2021 (DeepSpeed 0.3.x-0.4.x; the runs of Narayanan et al. 2021, Table 2, were made with
-it) worked differently, as its source shows (``runtime/zero/partition_parameters.py``:
-``_allgather_param`` / ``_reduce_scatter_gradient``): one call per parameter, each all-gather preceded by a
-``torch.cuda.synchronize()`` (so no gather overlaps the compute before it, whatever the prefetch setting),
-and both collectives on lists of world-size tensors, which PyTorch's ProcessGroupNCCL flattens: one
-device copy per rank per call (``all_gather`` copies each of the n outputs back, ``reduce_scatter`` each
-of the n inputs in). The number of calls is the same as today's for a GPT layer (its biases and norms stay
-resident below the persistence threshold, 1e5 elements then); what changes is that every call is exposed
-and pays n copies. Gathers became coalesced into one flat buffer in 0.5 (our reading of DeepSpeed's
-history: ``_allgather_params_coalesced`` and ``_all_gather_base`` replace the per-parameter list calls);
-:func:`ds_list_collectives` says which behaviour a version has. A spec predicts DeepSpeed
-``DEEPSPEED_VERSION``; only published runs say otherwise (``orchestrator/published.py``).
+DeepSpeed version. orch writes ds_config.json for DeepSpeed ``DEEPSPEED_VERSION`` (0.19.8,
+validate/_deepspeed_keys_data.py), and that is the runtime the planner predicts by default: ZeRO-3 gathers
+each module's parameters with one coalesced all-gather into a flat buffer on its own stream, prefetched
+behind compute (stage3_prefetch_bucket_size), and reduce-scatters gradients in buckets. Earlier releases
+differ in three ways the cost model counts (:class:`Zero3Runtime`, :func:`ds_zero3_runtime`), read from
+their source (github.com/microsoft/DeepSpeed, tags v0.3.12-v0.6.0, runtime/zero/stage3.py and
+partition_parameters.py):
+
+* ``synchronous_fetch`` (before 0.6.0, #1453): one all-gather per parameter (``_allgather_param``) into a
+  ``torch.zeros`` buffer followed by ``torch.cuda.synchronize()``, and every module fetch ends in
+  ``_synchronize_communication`` (a device-wide synchronize). The next module's parameters are still
+  prefetched on a side stream (``overlap_comm``, on by default for ZeRO-3) after the current module's fetch
+  and before its compute is launched, so the NCCL time of a gather hides behind the current module's compute;
+  what the host does between the synchronize and that launch does not (the zeroing of the buffer included).
+  A prefetch takes modules until stage3_prefetch_bucket_size elements (5e7 by default then); each gather
+  after the first waits in its own synchronize for the one before, with the compute not yet launched, so
+  only the last gather of a prefetch hides ("the async version is not async at all", PR #1188). GPT-3-sized
+  modules exceed 5e7 on their own (one per prefetch); smaller ones come several to a prefetch.
+* ``list_gathers`` (before 0.5.5, #1188 brought ``_all_gather_base``): the all-gather's output is a Python
+  list of world-size views, built by a per-rank loop (``narrow`` + ``dist.get_rank``), which PyTorch's
+  ProcessGroupNCCL flattens and copies back one view at a time: n host iterations and n copy kernels per
+  gather, all before the compute is launched. Once per step the same release regathers the resident
+  parameters (biases, norms) synchronously after the optimizer step, copying each tensor's n slices out in
+  a Python loop (``_post_step`` -> ``_allgather_params``; step.py zero3_persistent_regather_s).
+* gradients: before 0.4.3 (#1199) ``contiguous_gradients`` was off by default for ZeRO-3, and
+  ``reduce_ipg_grads`` took ``buffered_reduce_fallback``: a full all-reduce of each reduce bucket (then each
+  rank keeps its partition), ``allreduce_gradients``. From 0.4.3 to 0.6.0 each parameter's gradient is
+  reduce-scattered on a list of n input views (``_reduce_scatter_gradient``: the same per-rank loop and n
+  copies), ``list_reduce_scatters``; from 0.6.0 in coalesced buckets.
+
+The number of gathers is the same in every release for a GPT layer (biases and norms stay resident below
+the persistence threshold, 1e5 elements then), and so is the reuse rule that keeps a module gathered from
+its recomputed forward to its backward (stage3_max_reuse_distance, 1e9 elements by default since 0.3.12).
+A spec predicts DeepSpeed ``DEEPSPEED_VERSION``; only published runs say otherwise (``orchestrator/published.py``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 from ..validate._deepspeed_keys_data import DEEPSPEED_VERSION  # the DeepSpeed orch writes ds_config for
 
-DS_COALESCED_GATHERS_SINCE = (0, 5)
+DS_FLAT_GATHERS_SINCE = (0, 5, 5)          # _all_gather_base instead of a list of n views (#1188)
+DS_ASYNC_COALESCED_FETCH_SINCE = (0, 6, 0)  # per-module coalesced gathers, no host synchronize (#1453)
+DS_ZERO3_CONTIGUOUS_GRADIENTS_SINCE = (0, 4, 3)   # contiguous_gradients on by default for ZeRO-3 (#1199)
+DS_LEGACY_PREFETCH_BUCKET_ELEMENTS = 50_000_000   # stage3_prefetch_bucket_size default, 0.3.12-0.5.x constants.py
 # ZeRO-1/2 reduce their gradient buckets with all_reduce since DeepSpeed 0.12.4 (PR #4695, "Communication
 # Optimization for Large-Scale Training": ``zero_optimization.use_multi_rank_bucket_allreduce``, default
 # true, sends ``average_tensor`` through ``allreduce_and_scatter``; issue #7059 logs ``comm op: all_reduce``
@@ -129,13 +151,36 @@ def ds_backward_regather_share(module_elements: tuple[int, ...], layers: int, fu
     return gathered / (layers * per_layer)
 
 
-def _version(version: str | None) -> tuple[int, ...]:
+@dataclass(frozen=True)
+class Zero3Runtime:
+    """What a DeepSpeed release does per ZeRO-3 collective (module doc); all False: the current one."""
+
+    synchronous_fetch: bool = False      # per-parameter gathers after torch.zeros + torch.cuda.synchronize()
+    list_gathers: bool = False           # all-gather output as n views: per-rank host loop + n copies
+    list_reduce_scatters: bool = False   # one reduce-scatter per parameter on n input views
+    allreduce_gradients: bool = False    # bucketed all-reduce of full gradients (contiguous_gradients off)
+    prefetch_elements: int = 0           # synchronous fetch: the release's default stage3_prefetch_bucket_size
+
+
+def ds_version(version: str | None) -> tuple[int, ...]:
+    """A DeepSpeed release as a comparable tuple ("0.3" -> (0, 3)); None: the one orch writes configs for."""
     return tuple(int(p) for p in (version or DEEPSPEED_VERSION).split(".")[:3] if p.isdigit())
+
+
+@lru_cache(maxsize=64)
+def ds_zero3_runtime(version: str | None) -> Zero3Runtime:
+    """The ZeRO-3 behaviours of DeepSpeed ``version`` (None: DEEPSPEED_VERSION)."""
+    v = ds_version(version)
+    allreduce = v < DS_ZERO3_CONTIGUOUS_GRADIENTS_SINCE
+    synchronous = v < DS_ASYNC_COALESCED_FETCH_SINCE
+    return Zero3Runtime(synchronous_fetch=synchronous, list_gathers=v < DS_FLAT_GATHERS_SINCE,
+                        list_reduce_scatters=not allreduce and synchronous, allreduce_gradients=allreduce,
+                        prefetch_elements=DS_LEGACY_PREFETCH_BUCKET_ELEMENTS if synchronous else 0)
 
 
 def ds_bucket_all_reduce(version: str | None) -> bool:
     """True for a DeepSpeed whose ZeRO-1/2 all-reduce gradient buckets (DS_BUCKET_ALL_REDUCE_SINCE)."""
-    return _version(version) >= DS_BUCKET_ALL_REDUCE_SINCE
+    return ds_version(version) >= DS_BUCKET_ALL_REDUCE_SINCE
 
 
 def ds_zero12_copy_bytes(grad_elements: float, grad_bytes: int, dp: int, micro_batches: int, zero_stage: int) -> float:
@@ -145,8 +190,3 @@ def ds_zero12_copy_bytes(grad_elements: float, grad_bytes: int, dp: int, micro_b
     partition = (DS_PARTITION_COPIES * 2 + 1) * grad_elements / dp * 4        # the fp32 partition
     return full + partition
 
-
-def ds_list_collectives(version: str | None) -> bool:
-    """True for a DeepSpeed whose ZeRO-3 runs host-synchronous per-parameter collectives on lists of
-    world-size tensors (before DS_COALESCED_GATHERS_SINCE); None: the version orch writes configs for."""
-    return _version(version)[:2] < DS_COALESCED_GATHERS_SINCE

@@ -24,11 +24,11 @@ from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
 from ..spec import Spec, default_engine, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
-from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm, group_placement, pipeline_transfer,
-                   ring_bytes, tensor_parallel_layer_comm)
+from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_gather_s, all_reduce_s,
+                   data_parallel_comm, group_placement, pipeline_transfer, ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import (ds_backward_regather_share, ds_bucket_all_reduce, ds_list_collectives, ds_zero12_copy_bytes,
+from .engines import (ds_backward_regather_share, ds_bucket_all_reduce, ds_zero12_copy_bytes, ds_zero3_runtime,
                       gathers_per_layer, grad_reduce_bytes, param_tensors_per_layer)
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
@@ -368,14 +368,15 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s),
             backward_gather_passes=ds_backward_gather_passes(ctx, lay, reduce_layers),
             bucket_all_reduce=ctx.engine == "deepspeed" and ds_bucket_all_reduce(ctx.engine_version),
-            list_collectives=ctx.engine == "deepspeed" and ds_list_collectives(ctx.engine_version))
+            zero3=ds_zero3_runtime(ctx.engine_version) if ctx.engine == "deepspeed" and lay.zero_stage == 3 else None,
+            rank_host_s=cost.ds_list_rank_host_s)
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m, reduce_layers)
     step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.link == "loopback" else 0.0
     offload_host = offload_host_s(ctx, lay, reduce_layers) + zero12_copies_s(ctx, lay, params.per_gpu, m)
     if ctx.precision == "fp8":
         optimizer_s += weight_cast_s(params.per_gpu, hw)
-    fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m)
+    fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m) + zero3_persistent_regather_s(ctx, lay, reduce_layers)
     engine_s = pipe_host_s + (offload_host + step_host_s) + fetch_host_s
     tp_total = m * stage_layers * tp_s
     # the expert all-to-all the EP overlap hides behind the other micro-batch's compute takes SMs as well
@@ -432,9 +433,10 @@ def dp_overlap_fraction(cost: CostModel, hw: Hardware) -> float:
 
 def ds_backward_gather_passes(ctx: EstimateContext, lay: Layout, layers: int) -> float | None:
     """DeepSpeed ZeRO-3's backward all-gathers (in passes of the stage's parameters) under the
-    stage3_max_reuse_distance orch writes (engines.ds_backward_regather_share); None elsewhere, and for the
-    per-parameter ZeRO-3 before DeepSpeed 0.5, which we count as re-gathering everything."""
-    if ctx.engine != "deepspeed" or lay.zero_stage != 3 or ds_list_collectives(ctx.engine_version):
+    stage3_max_reuse_distance orch writes, 1e9 elements, which is also the default of every release since
+    ZeRO-3 shipped (0.3.12 constants.py; the same trace-based reuse rule, PartitionedParameterCoordinator
+    _keep_for_later): engines.ds_backward_regather_share; None elsewhere."""
+    if ctx.engine != "deepspeed" or lay.zero_stage != 3:
         return None
     return ds_backward_regather_share(ds_layer_modules(ctx.shape, lay.tp), layers, lay.recompute == "full")
 
@@ -451,6 +453,31 @@ def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -
         return fetches
     norms = 2 * layers + 1                                            # + the final norm; resident, hooks run
     return fetches + m * passes * norms * ctx.cost.zero3_resident_hook_host_s
+
+
+def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
+    """DeepSpeed before 0.6 (engines.Zero3Runtime.synchronous_fetch), once per step: every backward ends by
+    partitioning all parameters, the resident ones too (stage3.py backward -> _partition_all_parameters), and
+    the optimizer step ends by gathering the resident ones back synchronously (_post_step). Before 0.5.5
+    (partition_parameters._allgather_params): one all-gather on a list of n views (the per-rank loop, n
+    copies), then for each resident tensor a Python loop over the n ranks copying its slice out
+    (CostModel.ds_persistent_copy_host_s, plus one copy kernel launch, kernel_gap_s, each). From 0.5.5
+    (_allgather_params_coalesced): one all-gather per resident tensor, queued on one NCCL stream, latency-bound
+    on the ring. The host waits for it; nothing else runs. Resident tensors: the biases and norms of each
+    layer and the final norm (hidden-size vectors, the MLP-in bias 4h)."""
+    if ctx.engine != "deepspeed" or lay.zero_stage != 3 or lay.dp <= 1:
+        return 0.0
+    rt = ds_zero3_runtime(ctx.engine_version)
+    if not rt.synchronous_fetch:
+        return 0.0
+    shape, cost, n = ctx.shape, ctx.cost, grad_sync_size(lay)
+    resident = layers * (param_tensors_per_layer(shape.bias, shape.rmsnorm) - gathers_per_layer("deepspeed")) \
+        + (1 if shape.rmsnorm else 2)
+    if not rt.list_gathers:
+        pl = group_placement(n, lay.tp, ctx.hw.gpus_per_node)
+        return resident * all_gather_s(shape.hidden_size // lay.tp * ctx.hw.dtype_bytes, pl, ctx.hw)
+    per_copy = cost.ds_persistent_copy_host_s + cost.kernel_gap_s
+    return n * (cost.ds_list_rank_host_s + cost.kernel_gap_s) + resident * n * per_copy
 
 
 def offload_host_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:

@@ -39,18 +39,26 @@ class MarkovTokens:
         order = torch.randperm(vocab_size, generator=g)
         picks = torch.multinomial(zipf, vocab_size * len(probs), replacement=True, generator=g)
         self.successors = order[picks].view(vocab_size, len(probs))
+        self._successors = self.successors.tolist()      # the walk below indexes plain lists: ~10x faster
         self.probs = torch.tensor(probs, dtype=torch.float64)
 
     def micro_batch(self, step: int, dp_rank: int, micro_index: int, batch_size: int):
         """(tokens, labels), each [batch_size, seq_length] int64; labels are tokens shifted by one."""
         g = torch.Generator().manual_seed(batch_seed(self.seed, step, dp_rank, micro_index))
         n = self.seq_length + 1
-        seq = torch.empty(batch_size, n, dtype=torch.long)
-        seq[:, 0] = torch.randint(self.vocab_size, (batch_size,), generator=g)
+        first = torch.randint(self.vocab_size, (batch_size,), generator=g).tolist()
         choice = torch.multinomial(self.probs, batch_size * (n - 1), replacement=True, generator=g)
-        choice = choice.view(batch_size, n - 1)
-        for t in range(1, n):
-            seq[:, t] = self.successors[seq[:, t - 1], choice[:, t - 1]]
+        choice = choice.view(batch_size, n - 1).tolist()
+        # The chain is sequential: a per-token torch indexing op would cost ~6 us of dispatch per position
+        # (0.8 ms per tiny-gpt micro-batch, on the CPU target's critical path); plain ints cost ~0.1 us.
+        successors, rows = self._successors, []
+        for token, picks in zip(first, choice):
+            row = [token]
+            for pick in picks:
+                token = successors[token][pick]
+                row.append(token)
+            rows.append(row)
+        seq = torch.tensor(rows, dtype=torch.long)
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 

@@ -1,11 +1,14 @@
 """Collectives as NCCL runs them (ring / tree, LL / Simple, per-hop latency), placement, DP/TP/PP traffic."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from orchestrator.estimate.comm import (NCCL_BASE_US, NCCL_HOP_US, DataParallelWork, Placement, all_gather_s,
                                         all_reduce_s, data_parallel_comm, group_placement, nccl_collective,
-                                        reduce_scatter_s, ring_bytes, tensor_parallel_layer_comm)
+                                        reduce_scatter_s, ring_bytes, tensor_parallel_layer_comm,
+                                        zero3_gather_host_s)
 from orchestrator.estimate.cost import CostModel
 from orchestrator.estimate.hardware import hardware_for
 from orchestrator.spec import parse_spec
@@ -120,24 +123,87 @@ def test_tp_layer_comm_four_all_reduces_six_with_full_recompute():
     assert bsp == pytest.approx(b) and t < tsp < 1.1 * t   # same volume as RS + AG pairs, twice the calls
 
 
-def test_legacy_deepspeed_zero3_exposes_every_gather_and_pays_n_copies():
-    """DeepSpeed < 0.5 (estimate/engines.py ds_list_collectives): per-parameter gathers after a
-    torch.cuda.synchronize() hide nothing, and each list collective adds n copy kernels, so at a fixed
-    per-rank volume the exposed time grows with the ring; the DeepSpeed orch writes for hides behind compute."""
-    from orchestrator.estimate.engines import ds_list_collectives
+def test_deepspeed_zero3_runtime_by_release():
+    """Release boundaries read from DeepSpeed's history (estimate/engines.py): contiguous gradients by
+    default from 0.4.3 (#1199), _all_gather_base from 0.5.5 (#1188), coalesced asynchronous fetch from 0.6.0
+    (#1453); None is the DeepSpeed orch writes configs for."""
+    from orchestrator.estimate.engines import Zero3Runtime, ds_zero3_runtime
 
-    assert ds_list_collectives("0.3.16") and ds_list_collectives("0.4.9")
-    assert not ds_list_collectives("0.5.0") and not ds_list_collectives(None)   # None: 0.19.8, what orch writes
+    bucket = 50_000_000                                           # stage3_prefetch_bucket_size default then
+    assert ds_zero3_runtime("0.3") == Zero3Runtime(synchronous_fetch=True, list_gathers=True, allreduce_gradients=True,
+                                                   prefetch_elements=bucket)
+    assert ds_zero3_runtime("0.4.3") == Zero3Runtime(synchronous_fetch=True, list_gathers=True,
+                                                     list_reduce_scatters=True, prefetch_elements=bucket)
+    assert ds_zero3_runtime("0.5.5") == Zero3Runtime(synchronous_fetch=True, list_reduce_scatters=True,
+                                                     prefetch_elements=bucket)
+    assert ds_zero3_runtime("0.6.0") == ds_zero3_runtime(None) == Zero3Runtime()
+
+
+def test_legacy_deepspeed_zero3_hides_the_ring_but_not_the_per_rank_host_loop():
+    """DeepSpeed 0.3.x still prefetches the next module behind the current one's compute, so with ample
+    compute the NCCL time hides; what the host does between the fetch's synchronize and the compute launch
+    (zeroing the buffer, the per-rank list loop, ProcessGroupNCCL's n copies) does not, and it grows with the
+    ring: at a fixed per-rank volume the exposed time rises by about (gathers) x (added ranks) x (loop + copy)."""
+    from orchestrator.estimate.engines import ds_zero3_runtime
+
     h = hw(num_nodes=192)
-    kw = dict(zero_stage=3, num_microbatches=1, forward_window_s=100.0, backward_window_s=200.0)
-    now = data_parallel_comm(work(**kw), Placement(1536, 8, 192), 1.0, h)
-    old = {n: data_parallel_comm(work(**kw, list_collectives=True), Placement(n, 8, n // 8), 1.0, h)
+    kw = dict(zero_stage=3, num_microbatches=1, forward_window_s=100.0, backward_window_s=200.0,
+              rank_host_s=CostModel().ds_list_rank_host_s, param_elements=1e10)   # modules > the 5e7 prefetch
+    now = data_parallel_comm(work(**kw, zero3=ds_zero3_runtime(None)), Placement(1536, 8, 192), 1.0, h)
+    old = {n: data_parallel_comm(work(**kw, zero3=ds_zero3_runtime("0.3")), Placement(n, 8, n // 8), 1.0, h)
            for n in (384, 1536)}
     assert now.exposed_s < 0.01 * now.time_s
-    assert old[1536].exposed_s > 0.99 * (old[1536].time_s - old[1536].reduce_s)
-    units = 24 * 4 + 1
-    extra = old[1536].time_s - old[384].time_s
-    assert extra > 3 * units * (1536 - 384) * h.kernel_gap_s   # fwd + bwd gathers and reduce: n copies each, + ring
+    gathers = 2 * (24 * 4 + 1)                                    # forward + backward (no recompute, no reuse)
+    per_rank = CostModel().ds_list_rank_host_s + h.kernel_gap_s
+    grown = old[1536].exposed_s - old[384].exposed_s
+    assert grown == pytest.approx(gathers * (1536 - 384) * per_rank, rel=0.05)
+    legacy = work(**kw, zero3=ds_zero3_runtime("0.3"))
+    units, pl = 24 * 4 + 1, Placement(1536, 8, 192)
+    host = gathers * zero3_gather_host_s(legacy, 1e10 * 2 / units, 1536, h)
+    assert host > 0.5 * old[1536].exposed_s             # the ring itself hides: the first gather of each pass at most
+    assert old[1536].exposed_s - host <= 2.01 * all_gather_s(1e10 * 2 / units, pl, h)
+
+
+def test_legacy_deepspeed_zero3_waits_for_all_but_the_last_gather_of_a_prefetch():
+    """Modules smaller than DeepSpeed 0.3.x's 5e7-element prefetch bucket come several to a prefetch, and each
+    gather's torch.cuda.synchronize() waits for the one before while the compute is not yet launched: with
+    ~5M-element modules (10 to a prefetch) 9 in 10 gathers stay exposed however much compute there is."""
+    from orchestrator.estimate.engines import ds_zero3_runtime
+
+    h, pl = hw(num_nodes=8), Placement(64, 8, 8)
+    kw = dict(zero_stage=3, num_microbatches=1, forward_window_s=100.0, backward_window_s=200.0, param_elements=5e8)
+    old = data_parallel_comm(work(**kw, zero3=ds_zero3_runtime("0.5.5")), pl, 1.0, h)
+    now = data_parallel_comm(work(**kw, zero3=ds_zero3_runtime(None)), pl, 1.0, h)
+    gathers_s = old.time_s - old.reduce_s
+    assert 0.9 * gathers_s <= old.exposed_s <= gathers_s and now.exposed_s < 0.01 * now.time_s
+
+
+def test_legacy_deepspeed_zero3_all_reduces_gradients_in_the_reduce_buckets():
+    """Before 0.4.3 ZeRO-3 all-reduced full gradients per reduce bucket (contiguous_gradients off):
+    twice the reduce-scatter's bytes, one call per 5e8-element bucket; later, per parameter or per bucket."""
+    from orchestrator.estimate.engines import DS_REDUCE_BUCKET_ELEMENTS, ds_zero3_runtime
+
+    h, pl = hw(num_nodes=8), Placement(64, 8, 8)
+    kw = dict(zero_stage=3, num_microbatches=1, param_elements=2e9)
+    old, mid, now = (data_parallel_comm(work(**kw, zero3=ds_zero3_runtime(v)), pl, 0.0, h)
+                     for v in ("0.3", "0.4.3", None))
+    gathers = 2 * (24 * 4 + 1)
+    assert old.calls == gathers + 4 and now.calls == gathers + 4 == gathers + 2e9 // DS_REDUCE_BUCKET_ELEMENTS
+    assert mid.calls == gathers + 24 * 4 + 1                       # one reduce-scatter per parameter
+    assert old.bytes - now.bytes == pytest.approx(ring_bytes(2e9 * 2, 64))   # all-reduce = 2x reduce-scatter
+
+
+def test_zero3_reduce_calls_follow_the_bucket_orch_writes():
+    """The reduce calls the planner counts are the reduce_bucket_size orch writes into ds_config.json."""
+    from orchestrator.render.deepspeed import render_ds_config
+    from tests.conftest import fixed_plan, spec_data
+
+    config = render_ds_config(fixed_plan(spec_data(**{"parallelism.zero_stage": 3})))
+    bucket = config["zero_optimization"]["reduce_bucket_size"]
+    for elements in (0.5 * bucket, 3.2 * bucket):
+        dp = data_parallel_comm(work(zero_stage=3, num_microbatches=1, param_elements=elements), Placement(32, 8, 4),
+                                0.0, hw())
+        assert dp.calls - 2 * (24 * 4 + 1) == math.ceil(elements / bucket)
 
 
 def test_deepspeed_keeps_recomputed_modules_gathered_within_the_reuse_distance():

@@ -136,16 +136,36 @@ def test_every_published_run_is_judged_to_fit(case):
     assert max(est.memory.stage_totals.values()) <= est.memory.usable_bytes
 
 
-def test_deepspeed_cases_run_the_deepspeed_of_their_time():
-    """A DeepSpeed case states its release or gets the one of its source's year: up to 2021 the ZeRO-3 of
-    0.3.x-0.4.x (estimate/engines.py); later, and every Megatron case, the DeepSpeed orch writes for."""
+def test_deepspeed_cases_run_the_deepspeed_they_state():
+    """A DeepSpeed case's release is an explicit row field with its evidence (no guess from the year): the
+    Table 2 ZeRO-3 rows state 0.3.x; a DeepSpeed case that states none, and every Megatron case, gets the
+    DeepSpeed orch writes for (None)."""
     zero3 = [c for c in THROUGHPUT if c["id"].startswith("narayanan2021_t2_zero3")]
-    assert zero3 and all(case_engine_version(c) == "0.4" for c in zero3)
-    later = {**zero3[0], "source": "Someone et al. 2023"}
+    assert zero3 and all(case_engine_version(c) == "0.3" and c["published"]["engine_version_source"] for c in zero3)
+    unstated = {**zero3[0], "published": {k: v for k, v in zero3[0]["published"].items() if k != "engine_version"}}
     stated = {**zero3[0], "published": {**zero3[0]["published"], "engine_version": "0.9.2"}}
-    assert case_engine_version(later) is None and case_engine_version(stated) == "0.9.2"
+    assert case_engine_version(unstated) is None and case_engine_version(stated) == "0.9.2"
     assert all(case_engine_version(c) is None for c in THROUGHPUT if c["published"].get("engine") != "deepspeed")
-    # at a fixed global batch, the legacy runtime's per-rank overhead grows with the ring: step time no
-    # longer halves when the GPUs double (144 -> 88 TFLOP/s published from 384 to 768 GPUs)
-    a, b = (published_estimate(c) for c in zero3[:2])
-    assert b.step_time_s > 0.6 * a.step_time_s
+
+
+def test_legacy_zero3_step_stops_shrinking_as_the_ring_grows():
+    """Table 2 at a fixed global batch of 1536: the published step falls from 384 to 768 GPUs (81.6 -> 66.7 s,
+    eq. 3 FLOPs / published TFLOP/s) and not at all from 768 to 1536. DeepSpeed 0.3.x's per-rank host loops
+    (list collectives, the resident parameters' regather) grow with the ring while the compute per GPU halves:
+    the predicted step no longer halves with the GPUs, and the time beyond compute grows with dp."""
+    zero3 = sorted((c for c in THROUGHPUT if c["id"].startswith("narayanan2021_t2_zero3")),
+                   key=lambda c: c["cluster"]["gpus"])
+    a, b, c = (published_estimate(case) for case in zero3)
+    assert b.step_time_s > 0.6 * a.step_time_s and c.step_time_s > 0.9 * b.step_time_s
+    beyond = [e.step_time_s - e.breakdown.compute_s for e in (a, b, c)]
+    assert beyond[0] < beyond[1] < beyond[2]
+
+
+def test_resident_parameter_regather_is_costed_for_the_releases_that_did_it():
+    """Before DeepSpeed 0.6 every step re-partitions the resident parameters (biases, norms) after the
+    backward and gathers them back after the optimizer step: a per-rank, per-tensor Python copy loop before
+    0.5.5, one small ring all-gather per tensor from 0.5.5; the current release does neither."""
+    case = next(c for c in THROUGHPUT if c["id"] == "narayanan2021_t2_zero3_174.6B_1536gpu")
+    engine = {v: published_estimate({**case, "published": {**case["published"], "engine_version": v}}).breakdown.engine_s
+              for v in ("0.3", "0.5.5", "0.6.0")}
+    assert engine["0.3"] > engine["0.5.5"] > engine["0.6.0"] > 0

@@ -70,6 +70,19 @@ def test_synthetic_data_is_a_pure_function_of_step_rank_micro():
     assert int(t1.max()) < 512
 
 
+def test_synthetic_data_follows_its_markov_chain():
+    """Every transition is one of the token's 4 successors, and the chain's walk is the one the seed draws."""
+    data = MarkovTokens(512, 64, seed=3)
+    tokens, labels = data.micro_batch(2, 0, 1, 4)
+    for row_t, row_l in zip(tokens.tolist(), labels.tolist()):
+        assert all(b in data._successors[a] for a, b in zip(row_t, row_l))
+    g = torch.Generator().manual_seed(batch_seed(3, 2, 0, 1))
+    first = torch.randint(512, (4,), generator=g)
+    choice = torch.multinomial(data.probs, 4 * 64, replacement=True, generator=g).view(4, 64)
+    assert torch.equal(tokens[:, 0], first)
+    assert torch.equal(tokens[:, 1], data.successors[first, choice[:, 0]])
+
+
 def test_byte_text_data(tmp_path):
     path = tmp_path / "text.txt"
     path.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 20)
