@@ -74,10 +74,11 @@ class _Scored:
 
 
 def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
-           engine_version: str | None = None) -> SearchResult:
+           engine_version: str | None = None, ep_a2a_overlap: bool = True) -> SearchResult:
     """Rank the layouts of ``spec`` that fit; NoFitError when none does. ``engine_version``: the DeepSpeed
-    release a published run used (EstimateContext.engine_version); None: the one orch writes for."""
-    ctx = EstimateContext.of(spec, cost, engine_version)
+    release a published run used (EstimateContext.engine_version); None: the one orch writes for.
+    ``ep_a2a_overlap``: False for a published run without Megatron's EP all-to-all overlap."""
+    ctx = EstimateContext.of(spec, cost, engine_version, ep_a2a_overlap)
     rejected: list[Problem] = []
     scored = [_score(ctx, lay) for lay in enumerate_layouts(spec, rejected)]
     if not scored:

@@ -3,7 +3,9 @@
 Each case names a model preset, the cluster (DGX-H100: 8 GPUs per node), the batch and the layout as
 published (tp, pp, cp, virtual stages, ep, micro-batch; FSDP = 1 -> ZeRO-3, 0 -> Megatron's distributed
 optimizer, ZeRO-1), and the tokens/s per GPU reported. What the tables do not publish (recompute, expert
-tensor parallelism) stays open for the planner. Sources are in each case's ``source``.
+tensor parallelism) stays open for the planner. Sources are in each case's ``source``; a case whose
+recipe ran without Megatron's EP all-to-all overlap (which orch generates wherever it can) says so
+(``ep_a2a_overlap: false``) and is predicted that way (:func:`predicted_layout`).
 
 Llama 3.1 405B (126 layers) on pp 8 with 8 virtual stages ran with Megatron's
 --account-for-embedding/loss-in-pipeline-split (128 "layers"): its spec sets
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .estimate.params import ModelShape, MoEShape
 from .spec import Spec, parse_spec
 from .stages import accounted_split, balanced_split
 
@@ -39,6 +42,14 @@ def layout_case_spec(case: dict, *, published_layout: bool = True) -> Spec:
     return parse_spec(data)
 
 
+def predicted_layout(case: dict) -> dict:
+    """The cost model's LAYOUT record for a case as its run was configured: the published layout, and
+    without Megatron's EP all-to-all overlap where the case says its recipe ran without it
+    (``ep_a2a_overlap: false``, with the recipe in its source)."""
+    from .planner import search  # noqa: PLC0415
+    return search(layout_case_spec(case), top_k=1, ep_a2a_overlap=case.get("ep_a2a_overlap", True)).chosen.to_dict()
+
+
 def _published_parallelism(case: dict) -> dict:
     par = {"tensor": case["tp"], "pipeline": case["pp"], "context": case["cp"], "virtual_pipeline": case["vp"],
            "micro_batch_size": case["mbs"], "zero_stage": 3 if case["fsdp"] else 1,
@@ -55,3 +66,14 @@ def _published_parallelism(case: dict) -> dict:
         first, last = balanced_split(layers, case["pp"], vp)
         par.update(first_stage_layers=first, last_stage_layers=last, virtual_pipeline=vp)
     return par
+
+
+def moe_layer_case_shape(case: dict) -> ModelShape:
+    """A measured single-MoE-layer case (tests/data/megatron-moe-perf-h100.json) as the shape the cost model
+    reads. Only the MoE block is timed there: the attention fields are placeholders. Its routing is
+    force-balanced, which the model reads as load imbalance 1 (capacity factor 1.0 bounds it)."""
+    moe = MoEShape(case["experts"], case["topk"], case["expert_ffn"], shared_ffn=case["shared_ffn"],
+                   capacity_factor=1.0)
+    return ModelShape(num_layers=1, hidden_size=case["hidden"], num_attention_heads=8, num_query_groups=8,
+                      ffn_hidden_size=case["expert_ffn"], vocab_size=32000, seq_length=case["seq"],
+                      gated_mlp=case["gated"], bias=False, rmsnorm=True, learned_positions=False, moe=moe)

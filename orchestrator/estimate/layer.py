@@ -14,7 +14,8 @@ from functools import lru_cache
 from .compute import LayerTimeEstimate, attention_linear_shapes, estimate_layer_time, mlp_linear_shapes
 from .context import context_layer_comm, rank_shape, with_full_attention
 from .hardware import Hardware
-from .moe import expert_layer_comm, expert_work, moe_host_s, moe_mlp_times, with_host_floor
+from .moe import (after_sync_host_s, expert_layer_comm, expert_work, moe_host_s, moe_mlp_times, with_dispatch_sync,
+                  with_host_floor)
 from .params import ModelShape
 from .precision import cast_bytes_per_row, fp8_gemm_hardware
 
@@ -61,7 +62,10 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
         moe_layer = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw, mlp),
                                 _moe_cast_rows(shape, rs, key), hw, gemm_hw)
         if gpu != "cpu":
-            moe_layer = with_host_floor(moe_layer, *moe_host_s(shape, key.ep, precision == "fp8"))
+            fp8 = precision == "fp8"
+            moe_layer = with_host_floor(moe_layer, *moe_host_s(shape, key.ep, fp8))
+            if shape.moe.capacity_factor is None:
+                moe_layer = with_dispatch_sync(moe_layer, mlp.forward_s, after_sync_host_s(shape, key.ep, fp8))
         share = shape.num_moe_layers / shape.num_layers
         layer = _mix(dense, moe_layer, share)
         comm = expert_layer_comm(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb)

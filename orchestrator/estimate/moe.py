@@ -16,13 +16,17 @@ expert ranks per group and the alltoall dispatcher:
   T*k*h*bytes*(ep-1)/ep (the share of the routed tokens whose expert lives elsewhere) over the expert
   group, whose placement (one node or several) sets the bandwidth; with etp > 1 the etp ranks of an expert
   also all-gather the tokens and reduce-scatter the results;
-* experts: the rank's E/ep local experts run as one grouped GEMM over its T*k*etp routed rows (balanced
-  routing), each expert's weights cut etp ways: per expert m = T*k*etp/(E/ep) rows;
+* experts: the rank's E/ep local experts each run their GEMMs over m = T*k*etp/(E/ep) routed rows
+  (balanced routing), each expert's weights cut etp ways. Transformer Engine's GroupedLinear (what
+  Megatron-Core's --moe-grouped-gemm runs with the TE spec) issues one cuBLAS GEMM per expert, spread over
+  its pool of compute streams (:data:`GROUPED_GEMM_STREAMS`), so at most that many experts' GEMMs share the
+  SMs at a time and each round pays its own tile and wave quantisation (:func:`_grouped_expert_times`);
 * the shared expert, if any, is a dense tensor-parallel MLP every token passes;
 * host launch floor: eager PyTorch launches every kernel from the host, and a MoE layer launches many
   (router, dispatch, and per local expert its GEMMs and, in FP8, their casts). Dropless layers cannot run
   from CUDA graphs and sync the host on the token counts, so a layer takes at least its host time
-  (:func:`moe_host_s`);
+  (:func:`moe_host_s`), and the sync stops the host from running ahead: the experts' launches and the
+  next layer's attention on the GPU follow each other (:func:`with_dispatch_sync`);
 * load imbalance: dropless routing lets the busiest rank receive more than the mean; every rank waits for
   it in the combine, so expert compute and all-to-all time scale by ``DROPLESS_IMBALANCE``, or by at most
   the capacity factor when tokens beyond capacity are dropped.
@@ -67,6 +71,12 @@ DISPATCH_HOST_OPS = 12
 # (forward) and output gradient (backward) is cast per expert first (TE GroupedLinear; TE issue #761: an FP8
 # linear costs the host over twice a BF16 one).
 EXPERT_HOST_OPS = {False: (2, 4), True: (4, 8)}   # fp8 -> (forward, backward) per local expert
+# Transformer Engine runs a GroupedLinear's per-expert GEMMs as separate cuBLAS(Lt) calls on its own compute
+# streams ("multi-stream cuBLAS": TE pull request #853; TE issue #1386, a maintainer: batched GEMM cannot take
+# different sizes and cuBLAS's grouped API and CUTLASS grouped kernels were slower or lacked FP8, so TE keeps
+# the multi-stream loop), and the pool has 4 streams (transformer_engine/common/util/multi_stream.h,
+# num_compute_streams = 4). TE pull request #3134 (2026-06) still describes the Hopper/FP8 path this way.
+GROUPED_GEMM_STREAMS = 4
 
 
 @dataclass(frozen=True)
@@ -118,24 +128,71 @@ def moe_mlp_times(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, et
 
 
 def _grouped_expert_times(shape: ModelShape, hw: Hardware, work: ExpertWork, etp: int) -> tuple[float, float]:
-    """Forward and backward of the rank's local experts as grouped GEMMs (one batch of E/ep GEMMs each)."""
-    moe, h = shape.moe, shape.hidden_size
+    """Forward and backward of the rank's local experts: per linear, one GEMM per expert (forward), a data- and
+    a weight-gradient GEMM per expert (backward), run in rounds of :data:`GROUPED_GEMM_STREAMS` concurrent
+    GEMMs (see :func:`stream_rounds`)."""
+    moe = shape.moe
     rows = max(1, round(work.routed_rows / work.local_experts))
-    n = work.local_experts
     fwd = bwd = 0.0
     for n_out, k_in in mlp_linear_shapes(shape, moe.expert_ffn, etp):
-        fwd += matmul_time_s(rows, n_out, k_in, hw, batch=n)
-        bwd += matmul_time_s(rows, k_in, n_out, hw, batch=n) + matmul_time_s(k_in, n_out, rows, hw, batch=n)
+        fwd += stream_rounds(rows, n_out, k_in, hw, work.local_experts)
+        bwd += stream_rounds(rows, k_in, n_out, hw, work.local_experts) + \
+            stream_rounds(k_in, n_out, rows, hw, work.local_experts)
     return fwd, bwd
+
+
+def stream_rounds(m: int, n: int, k: int, hw: Hardware, gemms: int, streams: int = GROUPED_GEMM_STREAMS) -> float:
+    """``gemms`` equal (m x k) @ (k x n) GEMMs issued over ``streams`` streams: full rounds of ``streams``
+    concurrent GEMMs (their tiles share the SMs, one wave quantisation per round), then the remainder."""
+    full, rest = divmod(gemms, streams)
+    time = full * matmul_time_s(m, n, k, hw, batch=streams) if full else 0.0
+    return time + (matmul_time_s(m, n, k, hw, batch=rest) if rest else 0.0)
 
 
 def moe_host_s(shape: ModelShape, ep: int, fp8: bool) -> tuple[float, float]:
     """Host launch time of one MoE layer (attention, router, dispatch, local experts), forward and backward."""
+    block_f, block_b = moe_block_host_s(shape, ep, fp8)
+    return block_f + KERNELS_FWD * HOST_OP_S, block_b + KERNELS_BWD * HOST_OP_S
+
+
+def moe_block_host_s(shape: ModelShape, ep: int, fp8: bool) -> tuple[float, float]:
+    """Host launch time of the MoE block alone (router, dispatch, local experts), forward and backward."""
     local = shape.moe.num_experts // ep
     per_f, per_b = EXPERT_HOST_OPS[fp8]
-    fwd = KERNELS_FWD + ROUTER_KERNELS + DISPATCH_HOST_OPS + per_f * local
-    bwd = KERNELS_BWD + 2 * (ROUTER_KERNELS + DISPATCH_HOST_OPS) + per_b * local
+    fwd = ROUTER_KERNELS + DISPATCH_HOST_OPS + per_f * local
+    bwd = 2 * (ROUTER_KERNELS + DISPATCH_HOST_OPS) + per_b * local
     return fwd * HOST_OP_S, bwd * HOST_OP_S
+
+
+def moe_block_s(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, etp: int, mb: int,
+                gemm_hw: Hardware | None = None) -> tuple[float, float]:
+    """(forward, backward) of the MoE block of one layer on one rank, as a benchmark of the block alone
+    measures it: router, permutation, dispatch and combine all-to-alls (two each way), experts, at least
+    the block's host launch time; no overlap with other work (Megatron-LM's moe_perf test:
+    tests/data/megatron-moe-perf-h100.json)."""
+    mlp = moe_mlp_times(shape, hw, tp, cp, ep, etp, mb, gemm_hw)
+    a2a = expert_layer_comm(shape, hw, tp, cp, ep, etp, mb).seconds / 2
+    host_f, host_b = moe_block_host_s(shape, ep, gemm_hw is not None)
+    return max(mlp.forward_s + a2a, host_f), max(mlp.backward_s + a2a, host_b)
+
+
+def after_sync_host_s(shape: ModelShape, ep: int, fp8: bool) -> float:
+    """Host time of what a dropless layer's forward launches after its dispatcher's sync: the dispatch
+    (permutation, all-to-alls, sorting) and the local experts; the router ran before it."""
+    return moe_block_host_s(shape, ep, fp8)[0] - ROUTER_KERNELS * HOST_OP_S
+
+
+def with_dispatch_sync(layer: LayerTimeEstimate, moe_forward_s: float, host_after_sync_s: float) -> LayerTimeEstimate:
+    """A dropless MoE layer's forward with its host sync. The alltoall dispatcher needs the token counts on
+    the host (the all-to-all splits and the grouped GEMM's per-expert sizes) and waits for their device-to-
+    host copy every layer (Megatron-Core moe/token_dispatcher.py: cuda_sync_point "before_ep_alltoall" with
+    ep or tp > 1, "before_finish" otherwise); the GPU has then run everything launched before, so the host
+    cannot run ahead across it. From one sync to the next, the host launches the dispatch and the experts
+    (``host_after_sync_s``) and, after them, the next layer's attention, whose GPU time (the layer's forward
+    outside the MoE block) can only follow: a two-stage flow shop (host, then GPU; Johnson 1954), whose
+    length is at least the host time of the first part plus the GPU time of the second."""
+    bound = host_after_sync_s + (layer.forward_s - moe_forward_s)
+    return with_host_floor(layer, bound, layer.backward_s)
 
 
 def with_host_floor(layer: LayerTimeEstimate, host_f: float, host_b: float) -> LayerTimeEstimate:

@@ -58,9 +58,12 @@ class EstimateContext:
     gpu: str = "h100-sxm"         # catalog key (FP8 GEMM rates)
     engine_version: str | None = None   # DeepSpeed release the run uses; None: the one orch writes for
                                         # (estimate/engines.py DEEPSPEED_VERSION; only published runs set it)
+    ep_a2a_overlap: bool = True   # False: a published run that ran without --overlap-moe-expert-parallel-comm
+                                  # (orch emits it wherever Megatron allows it; only published runs set it)
 
     @classmethod
-    def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None) -> "EstimateContext":
+    def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None,
+           ep_a2a_overlap: bool = True) -> "EstimateContext":
         cost = cost or CostModel()
         c = spec.cluster
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
@@ -68,7 +71,7 @@ class EstimateContext:
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=spec.training.engine or default_engine(c.gpu),
                    host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
-                   engine_version=engine_version)
+                   engine_version=engine_version, ep_a2a_overlap=ep_a2a_overlap)
 
 
 @dataclass(frozen=True)
@@ -334,7 +337,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
     head = slow * head_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
     emb = slow * embedding_time_s(rshape, hw, tp, mb)
-    overlap = uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp, lay.recompute)
+    overlap = ctx.ep_a2a_overlap and uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp,
+                                                         lay.recompute)
     ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap)
     times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s, head, emb)
     slowest, mean, stage_layers = times.slowest_s, times.mean_s, times.slowest_layers
@@ -367,7 +371,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             zero3=ds_zero3_runtime(ctx.engine_version) if ctx.engine == "deepspeed" and lay.zero_stage == 3 else None,
             rank_host_s=cost.ds_list_rank_host_s)
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
-    optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m)
+    optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m, reduce_layers)
     step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.link == "loopback" else 0.0
     offload_host = offload_host_s(ctx, lay, reduce_layers) + zero12_copies_s(ctx, lay, params.per_gpu, m)
     if ctx.precision == "fp8":
@@ -375,7 +379,9 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     fetch_host_s = zero3_fetch_host_s(ctx, lay, reduce_layers, m) + zero3_persistent_regather_s(ctx, lay, reduce_layers)
     engine_s = pipe_host_s + (offload_host + step_host_s) + fetch_host_s
     tp_total = m * stage_layers * tp_s
-    hidden_comm = (dp_comm.time_s - dp_comm.exposed_s) + tp_hidden * tp_total
+    # the expert all-to-all the EP overlap hides behind the other micro-batch's compute takes SMs as well
+    ep_hidden = m * stage_layers * (rl.ep_s - ep_exposed)
+    hidden_comm = (dp_comm.time_s - dp_comm.exposed_s) + tp_hidden * tp_total + ep_hidden
     contention = min(1.0, cost.comm_channels / hw.num_sms) * hidden_comm
     step = (pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s + contention
             + offload_host + step_host_s)
@@ -525,10 +531,14 @@ def tp_overlap_fraction(cost: CostModel, hw: Hardware, lay: Layout) -> float:
     return cost.tp_comm_overlap if uses_tp_comm_overlap(hw, lay) else cost.tp_overlap
 
 
-def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int) -> tuple[float, float]:
-    """(optimizer step, per-step parameter fetch) time; offload runs Adam on the CPU over PCIe."""
+def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int, layers: int) -> tuple[float, float]:
+    """(optimizer step, per-step parameter fetch) time; offload runs Adam on the CPU over PCIe. With ZeRO
+    the dense states are sharded over dp x cp, the routed experts' over the expert-data-parallel group
+    (as :func:`model_states` holds them)."""
     hw = ctx.hw
-    owned = stage_params / grad_sync_size(lay) if lay.zero_stage >= 1 else stage_params
+    expert = _expert_elements(ctx, lay, stage_params, layers)
+    owned = ((stage_params - expert) / grad_sync_size(lay) + expert / lay.edp) if lay.zero_stage >= 1 \
+        else stage_params
     if lay.offload == "none":
         # On CPU orch writes torch_adam (render/deepspeed.py): PyTorch's unfused single-tensor Adam.
         return optimizer_step_s(owned, hw, fused=ctx.gpu != "cpu"), 0.0
