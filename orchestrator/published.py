@@ -48,7 +48,14 @@ BLOOM_176B = {
     "cluster": {"gpus": 384, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8},
     "global_batch": 2048,
     "published": {"tp": 4, "pp": 12, "dp": 8, "micro_batch": 2, "zero_stage": 1, "recompute": "full",
-                  "precision": "bf16", "tflops_per_gpu": 150, "engine": "deepspeed"},
+                  "precision": "bf16", "tflops_per_gpu": 150, "engine": "deepspeed",
+                  "engine_version": "0.6.2", "engine_version_source": (
+                      "not stated in the paper; trained 2022-03-11 to 07 on DeepSpeed's big-science branch, whose "
+                      "bf16 pipeline work landed as PR #1801 (2022-04-19) in v0.6.2; the launch script runs bf16 "
+                      "with ZeRO stage 0 ('bf16 must use z0! it implements its own zero stage 1 equivalent', "
+                      "bigscience tr11-176B-ml.slurm): DeepSpeed's BF16_Optimizer, which every release from "
+                      "v0.6.2 to v0.9.0 also requires for bf16 ZeRO-1 on the pipeline engine "
+                      "(orchestrator/estimate/engines.py ds_bf16_optimizer)")},
     "notes": "Megatron-DeepSpeed; ALiBi positions (modelled as learned: s*h parameters, no FLOPs); the 70 "
              "layers on 12 stages are not even: the embedding and the tied output layer each count as one "
              "layer in its partition (5 + 10 x 6 + 5)",
@@ -85,6 +92,14 @@ def zero3_530b_case(gpus: int, batch: int, micro_batch: int, tflops: float) -> d
 # the two apart (what DeepSpeed 0.4 held beyond the terms of estimate/memory.py is not known here).
 
 
+# Why the MT-NLG rows ran DeepSpeed 0.5.x.
+MT_NLG_DEEPSPEED_SOURCE = (
+    "not stated in the paper; the model was announced 2021-10-11 (Microsoft Research blog) after training on "
+    "Selene, so a release no later than v0.5.4 (tag 2021-10-06); v0.5.0-v0.5.4 share the ZeRO-1 path the cost "
+    "model distinguishes (runtime/zero/stage2.py average_tensor: one reduce per partition owner, not a bucket "
+    "all-reduce; estimate/engines.py ds_bucket_all_reduce)")
+
+
 def _mt_nlg(nodes: int, iteration_s: float, tflops: float) -> dict:
     return {
         "id": f"mtnlg_530b_{nodes}nodes", "kind": "throughput",
@@ -98,7 +113,8 @@ def _mt_nlg(nodes: int, iteration_s: float, tflops: float) -> dict:
         "global_batch": 1920,
         "published": {"tp": 8, "pp": 35, "dp": nodes * 8 // 280, "micro_batch": 1, "zero_stage": 1,
                       "recompute": "full", "precision": "bf16", "tflops_per_gpu": tflops, "engine": "deepspeed",
-                      "iteration_s": iteration_s},
+                      "iteration_s": iteration_s, "engine_version": "0.5",
+                      "engine_version_source": MT_NLG_DEEPSPEED_SOURCE},
         "notes": "Megatron-DeepSpeed 3D parallelism: DeepSpeed's pipeline engine with ZeRO-1, activation "
                  "checkpointing; the TFLOP/s count the recompute pass as eq. 3 of Narayanan et al. does "
                  "(1920 x 2048 tokens in 60.1 s on 2240 GPUs is 125.7 TFLOP/s by eq. 3)",

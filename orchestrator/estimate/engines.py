@@ -178,6 +178,49 @@ def ds_zero3_runtime(version: str | None) -> Zero3Runtime:
                         prefetch_elements=DS_LEGACY_PREFETCH_BUCKET_ELEMENTS if synchronous else 0)
 
 
+def ds_pipeline_reduces_after_flush(engine: str, pp: int) -> bool:
+    """True where DeepSpeed's pipeline engine trains (deepspeed, pp > 1): its TrainSchedule appends
+    ReduceTiedGrads, ReduceGrads and OptimizerStep to the commands of the schedule's last step, after the
+    last BackwardPass (deepspeed/runtime/pipe/schedule.py TrainSchedule.steps, v0.3.x to v0.16.4 alike), and
+    PipelineEngine turns the engine's backward-hook reduction off (pipe/engine.py __init__:
+    ``enable_backward_allreduce = False``): the data-parallel gradient reduction starts when the pipeline has
+    drained and nothing overlaps it."""
+    return engine == "deepspeed" and pp > 1
+
+
+# DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py, first in v0.6.2 with "bf16+pipeline
+# parallelism", PR #1801): bf16 weights, fp32 master weights and optimizer states sharded over the DP ranks (its
+# own ZeRO-1), and a full fp32 copy of every gradient. Which runs use it (:func:`ds_bf16_optimizer`):
+# * bf16 without ZeRO in the config (stage 0): from v0.6.2 (engine.py _configure_optimizer; from v0.8,
+#   get_data_types: bf16 without ZeRO accumulates gradients in fp32, _do_optimizer_sanity_check -> BFLOAT16).
+#   BigScience's BLOOM-176B ran this way ("ZERO_STAGE=0 # important: bf16 must use z0! it implements its own
+#   zero stage 1 equivalent", bigscience tr11-176B-ml.slurm).
+# * bf16 with ZeRO-1 on the pipeline engine before v0.9.5: PipelineEngine._exec_reduce_grads raises
+#   NotImplementedError for bf16 with ZeRO stage 1 (v0.6.2-v0.9.0: "only bf16 + z1 are supported"), so a
+#   bf16 "ZeRO-1" pipeline run of those releases is a BF16_Optimizer run.
+# What it adds to the pipeline engine's step, read in v0.6.5-v0.7.7 (and v0.16.4, unchanged):
+# * every micro-batch, after the backward (pipe/engine.py _exec_backward_pass -> update_hp_grads): per
+#   parameter ``hp_grad.add_(lp.grad.to(float32))``: the cast writes an fp32 temporary that the add reads back,
+#   DS_BF16_HP_GRAD_EXTRA_BYTES per parameter beyond an fp32 accumulation (the bf16 gradient read, the fp32
+#   accumulator read and written), which linear_times_s already counts for the linear layers' weights;
+# * at ReduceGrads, ``_bf16_reduce_grads`` -> ``buffered_allreduce_fallback`` on the flat fp32 gradients: one
+#   all-reduce (not a reduce-scatter), on the wire in bf16 (engine.py communication_data_type: bf16 without
+#   ZeRO); after the step ``all_gather_dp_groups`` gathers the updated bf16 parameters;
+# * the tied embedding's gradient is all-reduced between the first and last stage in fp32 (``weight._hp_grad``,
+#   pipe/engine.py _exec_reduce_tied_grads).
+DS_BF16_OPTIMIZER_SINCE = (0, 6, 2)
+DS_BF16_ZERO1_PIPELINE_SINCE = (0, 9, 5)      # the pipeline engine reduces bf16 ZeRO-1 through ZeRO's optimizer
+DS_BF16_HP_GRAD_EXTRA_BYTES = 8               # fp32 temporary of lp.grad.to(float32): written, read back
+
+
+def ds_bf16_optimizer(version: str | None, precision: str, zero_stage: int, pp: int) -> bool:
+    """True where DeepSpeed ``version`` trains a ``precision`` run with BF16_Optimizer (see above)."""
+    v = ds_version(version)
+    if precision != "bf16" or zero_stage > 1 or v < DS_BF16_OPTIMIZER_SINCE:
+        return False
+    return zero_stage == 0 or (pp > 1 and v < DS_BF16_ZERO1_PIPELINE_SINCE)
+
+
 def ds_bucket_all_reduce(version: str | None) -> bool:
     """True for a DeepSpeed whose ZeRO-1/2 all-reduce gradient buckets (DS_BUCKET_ALL_REDUCE_SINCE)."""
     return ds_version(version) >= DS_BUCKET_ALL_REDUCE_SINCE

@@ -28,8 +28,10 @@ from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, 
                    data_parallel_comm, group_placement, pipeline_transfer, ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import (ds_backward_regather_share, ds_bucket_all_reduce, ds_zero12_copy_bytes, ds_zero3_runtime,
-                      gathers_per_layer, grad_reduce_bytes, param_tensors_per_layer)
+from .engines import (DS_BF16_HP_GRAD_EXTRA_BYTES, ds_backward_regather_share, ds_bf16_optimizer,
+                      ds_bucket_all_reduce, ds_pipeline_reduces_after_flush,
+                      ds_zero12_copy_bytes, ds_zero3_runtime, gathers_per_layer, grad_reduce_bytes,
+                      param_tensors_per_layer)
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .hardware import Hardware, hardware_for
@@ -340,7 +342,10 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     overlap = ctx.ep_a2a_overlap and uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp,
                                                          lay.recompute)
     ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap)
-    times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s, head, emb)
+    bf16_opt = ctx.engine == "deepspeed" and ds_bf16_optimizer(ctx.engine_version, ctx.precision, lay.zero_stage, pp)
+    hp_layer, hp_emb, hp_head = hp_grad_copies_s(ctx, lay, params) if bf16_opt else (0.0, 0.0, 0.0)
+    times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s + hp_layer,
+                        head + hp_head, emb + hp_emb)
     slowest, mean, stage_layers = times.slowest_s, times.mean_s, times.slowest_layers
     pp_bytes = pp_s = x_exposed = emb_sync = 0.0
     if pp > 1:
@@ -351,7 +356,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
         x_exposed = (1 - cost.pp_overlap) * x
         pp_bytes, pp_s = 2 * vpp * m * one_bytes, m * x
         if shape.tie_embeddings:
-            emb_bytes = params.padded_vocab_size * shape.hidden_size // tp * hw.dtype_bytes
+            # BF16_Optimizer reduces the fp32 copy of the tied gradient (engines.py)
+            emb_bytes = params.padded_vocab_size * shape.hidden_size // tp * (4 if bf16_opt else hw.dtype_bytes)
             emb_sync = all_reduce_s(emb_bytes, Placement(2, 1, 2) if inter else Placement(2, 2, 1), hw)
             pp_bytes += ring_bytes(emb_bytes, 2, "all_reduce")
             pp_s += emb_sync
@@ -360,14 +366,17 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                            p2p_s=x_exposed + host_mb)
     pipe_host_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0   # part of the pipeline's time
     reduce_layers = _layers_holding_most_params(split, params)
+    # DeepSpeed's pipeline engine reduces after the pipeline has drained: nothing to hide behind
+    backward_window = 0.0 if ds_pipeline_reduces_after_flush(ctx.engine, pp) else \
+        reduce_layers * (layer.backward_s + layer.recompute_s)
     def dp_work(elements: float) -> DataParallelWork:
         return DataParallelWork(
             engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=elements, param_bytes=hw.dtype_bytes,
             grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
             num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
-            backward_window_s=reduce_layers * (layer.backward_s + layer.recompute_s),
+            backward_window_s=backward_window,
             backward_gather_passes=ds_backward_gather_passes(ctx, lay, reduce_layers),
-            bucket_all_reduce=ctx.engine == "deepspeed" and ds_bucket_all_reduce(ctx.engine_version),
+            bucket_all_reduce=ctx.engine == "deepspeed" and (ds_bucket_all_reduce(ctx.engine_version) or bf16_opt),
             zero3=ds_zero3_runtime(ctx.engine_version) if ctx.engine == "deepspeed" and lay.zero_stage == 3 else None,
             rank_host_s=cost.ds_list_rank_host_s)
     dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
@@ -500,6 +509,18 @@ def zero12_copies_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int
     nbytes = ds_zero12_copy_bytes(stage_params, grad_reduce_bytes(ctx.engine, ctx.precision, ctx.hw.dtype_bytes),
                                   dp, m, lay.zero_stage)
     return nbytes / ctx.hw.hbm_Bps
+
+
+def hp_grad_copies_s(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> tuple[float, float, float]:
+    """Per micro-batch, what DeepSpeed's BF16_Optimizer adds to accumulate the bf16 gradients into its fp32
+    copy (engines.DS_BF16_HP_GRAD_EXTRA_BYTES per parameter, memory-bound): (per transformer layer, for the
+    first stage's embedding, for the last stage's output layer: the tied copy of the embedding, or its own)."""
+    per_param = DS_BF16_HP_GRAD_EXTRA_BYTES / ctx.hw.hbm_Bps
+    emb = params.padded_vocab_size * ctx.shape.hidden_size / lay.tp
+    head = params.output_layer / lay.tp
+    if ctx.shape.tie_embeddings:
+        head = emb if lay.pp > 1 else 0.0     # one stage holds the one tied weight
+    return params.per_layer / lay.tp * per_param, emb * per_param, head * per_param
 
 
 def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
