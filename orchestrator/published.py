@@ -45,7 +45,9 @@ BLOOM_176B = {
               "8 A100-80GB, tp 4, pp 12, dp 8, ZeRO-1, bf16, ~150 TFLOP/s per GPU); model card (70 layers, "
               "h 14336, 112 heads, vocab 250880, seq 2048, global batch 2048)",
     "model": {"layers": 70, "hidden": 14336, "heads": 112, "seq_len": 2048, "vocab": 250880},
-    "cluster": {"gpus": 384, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8},
+    "cluster": {"gpus": 384, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8,
+                # section 3.4.1: each node has four Omni-Path 100 Gbps links (a DGX A100 has eight 200 Gb/s)
+                "nic_Gbps_per_node": 400},
     "global_batch": 2048,
     "published": {"tp": 4, "pp": 12, "dp": 8, "micro_batch": 2, "zero_stage": 1, "recompute": "full",
                   "precision": "bf16", "tflops_per_gpu": 150, "engine": "deepspeed",
@@ -147,6 +149,8 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
         "training": {"global_batch_size": case["global_batch"], "precision": pub.get("precision", "fp16"),
                      "engine": case_engine(case)},
     }
+    if c.get("nic_Gbps_per_node"):
+        data["cluster"]["inter_node_bandwidth_GBps"] = nic_share_GBps(c["nic_Gbps_per_node"], gpn)
     if published_layout:
         data["parallelism"] = {"tensor": pub["tp"], "pipeline": pub["pp"], "data": pub["dp"],
                                "zero_stage": pub["zero_stage"], "recompute": case_recompute(case),
@@ -160,6 +164,14 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
         if split is not None:
             data["parallelism"].update(first_stage_layers=split[0], last_stage_layers=split[1])
     return parse_spec(data)
+
+
+def nic_share_GBps(nic_Gbps_per_node: float, gpus_per_node: int) -> float:
+    """What one GPU gets across nodes from a node's stated NIC line rate: its share, at the efficiency the
+    catalog's line rates get (CostModel.inter_node_efficiency)."""
+    from .estimate.cost import CostModel  # noqa: PLC0415
+
+    return nic_Gbps_per_node / 8 / gpus_per_node * CostModel().inter_node_efficiency
 
 
 def case_engine(case: dict) -> str:

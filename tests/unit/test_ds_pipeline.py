@@ -47,3 +47,12 @@ def test_bf16_optimizer_costs_its_fp32_gradient_copy():
 def test_per_gpu_throughput_falls_with_dp_at_fixed_batch():
     tflops = [published_estimate(c).tflops_per_gpu for c in MT_NLG_530B]
     assert tflops[0] > tflops[1] > tflops[2]
+
+
+def test_a_case_states_its_network():
+    from orchestrator.published import BLOOM_176B, throughput_spec
+
+    spec = throughput_spec(BLOOM_176B)
+    assert spec.cluster.inter_node_bandwidth_GBps == pytest.approx(400 / 8 / 8 * 0.9)   # 4x 100 Gb/s per node
+    dgx = {**BLOOM_176B, "cluster": {k: v for k, v in BLOOM_176B["cluster"].items() if k != "nic_Gbps_per_node"}}
+    assert published_estimate(BLOOM_176B).step_time_s > published_estimate(dgx).step_time_s
