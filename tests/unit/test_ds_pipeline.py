@@ -56,3 +56,72 @@ def test_a_case_states_its_network():
     assert spec.cluster.inter_node_bandwidth_GBps == pytest.approx(400 / 8 / 8 * 0.9)   # 4x 100 Gb/s per node
     dgx = {**BLOOM_176B, "cluster": {k: v for k, v in BLOOM_176B["cluster"].items() if k != "nic_Gbps_per_node"}}
     assert published_estimate(BLOOM_176B).step_time_s > published_estimate(dgx).step_time_s
+
+
+def _train_schedule(p: int, m: int, s: int, grads_first: bool) -> list[tuple]:
+    """Stage ``s``'s commands in DeepSpeed's TrainSchedule (pipe/schedule.py): 2(m + p - 1) slots, even stages
+    run forwards in even slots and backwards in odd ones (odd stages the other way round); a slot's send of the
+    previous slot's output comes before (v0.5.8) or after (v0.16.4, ``grads_first``) its receive."""
+    def slot(t):
+        fwd = (t % 2) == (s % 2)
+        if fwd:
+            return (t - s % 2) // 2 - s // 2, True
+        return (t - (s + 1) % 2) // 2 - p + (s + 1) // 2 + (0 if s % 2 else 1), False
+    valid, cmds, prev = (lambda i: 0 <= i < m), [], -1
+    for t in range(2 * (m + p - 1)):
+        i, fwd = slot(t)
+        if fwd and s > 0:
+            pair = [("recv", s - 1, "act", i)] if valid(i) else []
+            pair += [("send", s - 1, "grad", prev)] if valid(prev) else []
+        elif not fwd and s < p - 1:
+            pair = [("send", s + 1, "act", prev)] if valid(prev) else []
+            pair += [("recv", s + 1, "grad", i)] if valid(i) else []
+        else:
+            pair = []
+        cmds += pair[::-1] if grads_first else pair
+        if valid(i):
+            cmds.append(("F" if fwd else "B", i))
+        prev = i
+    return cmds
+
+
+def _rendezvous_time(p: int, m: int, tf: float, tb: float, x: float, grads_first: bool) -> float:
+    """Makespan when a send and its receive start together once both stages reach them and take ``x``."""
+    cmds = [_train_schedule(p, m, s, grads_first) for s in range(p)]
+    pos, clock, moved = [0] * p, [0.0] * p, True
+    while moved:
+        moved = False
+        for s in range(p):
+            while pos[s] < len(cmds[s]):
+                c = cmds[s][pos[s]]
+                if c[0] in ("F", "B"):
+                    clock[s] += tf if c[0] == "F" else tb
+                else:
+                    peer = c[1]
+                    mate = ("recv" if c[0] == "send" else "send", s, c[2], c[3])
+                    if pos[peer] >= len(cmds[peer]) or cmds[peer][pos[peer]] != mate:
+                        break
+                    clock[s] = clock[peer] = max(clock[s], clock[peer]) + x
+                    pos[peer] += 1
+                pos[s] += 1
+                moved = True
+    assert pos == [len(c) for c in cmds], "the schedule deadlocked"
+    return max(clock)
+
+
+@pytest.mark.parametrize("grads_first", [False, True])
+def test_train_schedule_is_1f1b_with_four_blocking_transfers(grads_first):
+    """pipeline_time_s with p2p_transfers_per_microbatch("deepspeed") transfers per micro-batch is the
+    makespan of DeepSpeed's schedule run with blocking sends and receives."""
+    from orchestrator.estimate.pipeline import pipeline_time_s
+    from orchestrator.estimate.step import p2p_transfers_per_microbatch
+
+    p, m, tf, tb, x = 6, 24, 1.0, 3.0, 0.2          # full recompute: backward = recompute + 2 x forward
+    assert _rendezvous_time(p, m, tf, tb, 0.0, grads_first) == pytest.approx((m + p - 1) * (tf + tb))
+    def model(transfers):
+        return pipeline_time_s(num_microbatches=m, pp=p, vpp=1, slowest_stage_s=tf + tb, mean_stage_s=tf + tb,
+                               p2p_s=transfers * x)
+    simulated = _rendezvous_time(p, m, tf, tb, x, grads_first)
+    # the fill and drain cross each stage boundary with fewer transfers than the steady state: within 3%
+    assert simulated == pytest.approx(model(p2p_transfers_per_microbatch("deepspeed", 1)), rel=0.03)
+    assert simulated > 1.05 * model(2)               # not Megatron's batched exchange
