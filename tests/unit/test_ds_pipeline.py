@@ -125,3 +125,15 @@ def test_train_schedule_is_1f1b_with_four_blocking_transfers(grads_first):
     # the fill and drain cross each stage boundary with fewer transfers than the steady state: within 3%
     assert simulated == pytest.approx(model(p2p_transfers_per_microbatch("deepspeed", 1)), rel=0.03)
     assert simulated > 1.05 * model(2)               # not Megatron's batched exchange
+
+
+def test_pipeline_host_work_hides_without_partitioned_tensors():
+    from orchestrator.estimate.step import ds_pipeline_host_exposed
+
+    spec = _spec("deepspeed")
+    hw = EstimateContext.of(spec).hw
+    assert ds_pipeline_host_exposed("deepspeed", 4, 2, hw) and not ds_pipeline_host_exposed("deepspeed", 4, 1, hw)
+    tp1 = estimate(EstimateContext.of(spec), Layout(tp=1, pp=4, vpp=1, dp=8, zero_stage=1, micro_batch_size=1,
+                                                    sequence_parallel=False, recompute="full", offload="none"))
+    assert tp1.breakdown.engine_s == 0.0 and LAYOUT.tp > 1
+    assert estimate(EstimateContext.of(spec), LAYOUT).breakdown.engine_s > 0
