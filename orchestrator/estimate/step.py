@@ -192,6 +192,8 @@ def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> 
     """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
     expert = _expert_elements(ctx, lay, psi, layers)
     dense = estimate_model_states(psi - expert, grad_sync_size(lay), lay.zero_stage, lay.offload, ctx.precision)
+    if uses_bf16_optimizer(ctx, lay):          # a full fp32 copy of every gradient besides the bf16 one
+        dense = dataclasses.replace(dense, grads_bytes=dense.grads_bytes + 4 * (psi - expert))
     if ctx.precision == "fp8":
         dense = ModelStatesEstimate(dense.params_bytes + fp8_weight_bytes(psi), dense.grads_bytes,
                                     dense.optimizer_bytes, dense.host_bytes)
@@ -342,7 +344,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     overlap = ctx.ep_a2a_overlap and uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp,
                                                          lay.recompute)
     ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap)
-    bf16_opt = ctx.engine == "deepspeed" and ds_bf16_optimizer(ctx.engine_version, ctx.precision, lay.zero_stage, pp)
+    bf16_opt = uses_bf16_optimizer(ctx, lay)
     hp_layer, hp_emb, hp_head = hp_grad_copies_s(ctx, lay, params) if bf16_opt else (0.0, 0.0, 0.0)
     times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s + hp_layer,
                         head + hp_head, emb + hp_emb)
@@ -509,6 +511,11 @@ def zero12_copies_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int
     nbytes = ds_zero12_copy_bytes(stage_params, grad_reduce_bytes(ctx.engine, ctx.precision, ctx.hw.dtype_bytes),
                                   dp, m, lay.zero_stage)
     return nbytes / ctx.hw.hbm_Bps
+
+
+def uses_bf16_optimizer(ctx: EstimateContext, lay: Layout) -> bool:
+    """The run trains with DeepSpeed's BF16_Optimizer (engines.ds_bf16_optimizer)."""
+    return ctx.engine == "deepspeed" and ds_bf16_optimizer(ctx.engine_version, ctx.precision, lay.zero_stage, lay.pp)
 
 
 def hp_grad_copies_s(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> tuple[float, float, float]:

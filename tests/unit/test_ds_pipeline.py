@@ -42,6 +42,8 @@ def test_bf16_optimizer_costs_its_fp32_gradient_copy():
     assert old.breakdown.compute_s > new.breakdown.compute_s
     # the tied embedding's fp32 gradient: twice the bf16 bytes between the first and last stage
     assert old.comm.pp_bytes > new.comm.pp_bytes
+    # and holds it: 4 bytes per parameter beside the bf16 gradient
+    assert old.memory.grads_bytes == pytest.approx(3 * new.memory.grads_bytes, rel=0.01)
 
 
 def test_per_gpu_throughput_falls_with_dp_at_fixed_batch():
