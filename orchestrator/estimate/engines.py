@@ -183,8 +183,11 @@ def ds_pipeline_reduces_after_flush(engine: str, pp: int) -> bool:
     ReduceTiedGrads, ReduceGrads and OptimizerStep to the commands of the schedule's last step, after the
     last BackwardPass (deepspeed/runtime/pipe/schedule.py TrainSchedule.steps, v0.3.x to v0.16.4 alike), and
     PipelineEngine turns the engine's backward-hook reduction off (pipe/engine.py __init__:
-    ``enable_backward_allreduce = False``): the data-parallel gradient reduction starts when the pipeline has
-    drained and nothing overlaps it."""
+    ``enable_backward_allreduce = False``), and ZeRO's backward hooks stay off: the engine drops overlap_comm
+    under pipeline parallelism ("Pipeline parallelism does not support overlapped communication, will be
+    disabled", engine.py _configure_zero_optimizer, v0.16.4; before PR #4887 ZeRO-1 ignored overlap_comm
+    altogether), so the overlap_comm orch writes for ZeRO-1 does not apply there. The data-parallel gradient
+    reduction starts when the pipeline has drained and nothing overlaps it."""
     return engine == "deepspeed" and pp > 1
 
 
