@@ -467,7 +467,7 @@ def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -
 
 
 def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
-    """DeepSpeed before 0.6 (engines.Zero3Runtime.synchronous_fetch), once per step: every backward ends by
+    """DeepSpeed ZeRO-3, every release (DeepSpeed 0.19.8 still does it: stage3.py _post_step), once per step: every backward ends by
     partitioning all parameters, the resident ones too (stage3.py backward -> _partition_all_parameters), and
     the optimizer step ends by gathering the resident ones back synchronously (_post_step). Before 0.5.5
     (partition_parameters._allgather_params): one all-gather on a list of n views (the per-rank loop, n
@@ -479,8 +479,6 @@ def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) 
     if ctx.engine != "deepspeed" or lay.zero_stage != 3 or lay.dp <= 1:
         return 0.0
     rt = ds_zero3_runtime(ctx.engine_version)
-    if not rt.synchronous_fetch:
-        return 0.0
     shape, cost, n = ctx.shape, ctx.cost, grad_sync_size(lay)
     resident = layers * (param_tensors_per_layer(shape.bias, shape.rmsnorm) - gathers_per_layer("deepspeed")) \
         + (1 if shape.rmsnorm else 2)
@@ -585,7 +583,7 @@ def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int, l
         # On CPU orch writes torch_adam (render/deepspeed.py): PyTorch's unfused single-tensor Adam.
         return optimizer_step_s(owned, hw, fused=ctx.gpu != "cpu"), 0.0
     pcie = 2 * hw.dtype_bytes * owned / hw.host_Bps          # gradients down, parameters up
-    adam = owned / ctx.cost.cpu_adam_params_per_s
+    adam = owned / ctx.cost.cpu_adam_params_per_s if ctx.gpu != "cpu" else optimizer_step_s(owned, hw, fused=False)
     fetch = 0.0
     if lay.offload == "optimizer+params":                     # every forward and backward reads them back
         fetch = m * (3 if lay.recompute == "full" else 2) * hw.dtype_bytes * owned / hw.host_Bps

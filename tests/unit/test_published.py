@@ -162,10 +162,10 @@ def test_legacy_zero3_step_stops_shrinking_as_the_ring_grows():
 
 
 def test_resident_parameter_regather_is_costed_for_the_releases_that_did_it():
-    """Before DeepSpeed 0.6 every step re-partitions the resident parameters (biases, norms) after the
-    backward and gathers them back after the optimizer step: a per-rank, per-tensor Python copy loop before
-    0.5.5, one small ring all-gather per tensor from 0.5.5; the current release does neither."""
+    """Every step re-partitions the resident parameters (biases, norms) after the backward and gathers them
+    back after the optimizer step: a per-rank, per-tensor Python copy loop before 0.5.5, one small ring
+    all-gather per tensor from 0.5.5 (the current release too: stage3.py _post_step)."""
     case = next(c for c in THROUGHPUT if c["id"] == "narayanan2021_t2_zero3_174.6B_1536gpu")
     engine = {v: published_estimate({**case, "published": {**case["published"], "engine_version": v}}).breakdown.engine_s
               for v in ("0.3", "0.5.5", "0.6.0")}
-    assert engine["0.3"] > engine["0.5.5"] > engine["0.6.0"] > 0
+    assert engine["0.3"] > engine["0.5.5"] >= engine["0.6.0"] > 0
