@@ -363,7 +363,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
             emb_sync = all_reduce_s(emb_bytes, Placement(2, 1, 2) if inter else Placement(2, 2, 1), hw)
             pp_bytes += ring_bytes(emb_bytes, 2, "all_reduce")
             pp_s += emb_sync
-    host_mb = cost.pipeline_microbatch_host_s if ds_pipeline_host_exposed(ctx.engine, pp, tp, hw) else 0.0
+    host_mb = cost.pipeline_microbatch_host_s if ds_pipeline_host_exposed(ctx.engine, pp) else 0.0
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
                            p2p_s=x_exposed + host_mb)
     pipe_host_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0   # part of the pipeline's time
@@ -528,16 +528,17 @@ def hp_grad_copies_s(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) 
     return params.per_layer / lay.tp * per_param, emb * per_param, head * per_param
 
 
-def ds_pipeline_host_exposed(engine: str, pp: int, tp: int, hw: Hardware) -> bool:
+def ds_pipeline_host_exposed(engine: str, pp: int) -> bool:
     """Whether DeepSpeed's pipeline engine's per-micro-batch host work (CostModel.pipeline_microbatch_host_s)
-    is on the critical path. Where the host is the device (CPU), always. On a GPU, when tp > 1: the engine then
-    sends activations and gradients as PartitionedTensors (pipe/engine.py: is_pipe_partitioned =
-    is_grad_partitioned = model_parallel_size > 1), and every forward and backward rebuilds them from their
-    meta tensor with ``meta.tolist()`` (runtime/utils.py PartitionedTensor.from_meta) and sends new ones made
-    with ``torch.LongTensor(meta).to(device)`` (to_meta): copies between host and device that wait for the
-    stream, several per micro-batch (v0.5.8 to v0.16.4 alike), so the host never runs ahead of the GPU. With
-    tp = 1 nothing synchronizes per micro-batch and the host's instructions hide behind the kernels."""
-    return engine == "deepspeed" and pp > 1 and (tp > 1 or hw.link == "loopback")
+    is on the critical path: always, on a GPU too. Every ForwardPass instruction starts with
+    ``self.tput_timer.start()`` (pipe/engine.py _exec_forward_pass), and DeepSpeed's ThroughputTimer
+    synchronizes the whole device there from the third step on (utils/timer.py ThroughputTimer.start:
+    ``torch.cuda.synchronize()`` in v0.5.8; in v0.16.4 behind the timers config, ``enabled`` and
+    ``synchronized`` both true by default, which orch does not change). So the host never runs a micro-batch
+    ahead of the GPU. With tp > 1 the partitioned activations add more waits of the same kind: every
+    forward and backward rebuilds them from a meta tensor with ``meta.tolist()`` (runtime/utils.py
+    PartitionedTensor.from_meta)."""
+    return engine == "deepspeed" and pp > 1
 
 
 def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
