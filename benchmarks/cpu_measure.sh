@@ -4,20 +4,34 @@
 # Writes the spec with that parallelism (checkpoints off the timed steps), runs orch generate and
 # orch launch --wait, and prints the median tokens_per_s of steps 4-20 (metrics.jsonl) and the load average
 # before and after. Run 3 times at low load (uptime < 1.5: others' work on the 2 cores reads as slowness).
+#   bash benchmarks/cpu_measure.sh --trace '<parallelism json>'
+# instead trains 60 steps with every torch.distributed collective wrapped (benchmarks/cpu_trace/) and prints
+# where a step's time goes, rank by rank: each collective's wall and CPU time (thread_time) and the rank's
+# work up to the next one. Wall >> CPU inside a collective is waiting (the peer, gloo's transfer); wall ~ CPU
+# between collectives is the rank's own work.
 set -euo pipefail
+TRACE=0; if [ "${1:-}" = "--trace" ]; then TRACE=1; shift; fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="$ROOT/.venv/bin/python"; ORCH="$ROOT/.venv/bin/orch"
 DIR="$(mktemp -d)"; trap 'rm -rf "$DIR"' EXIT
 cd "$DIR"
 "$ORCH" init --preset tiny-gpt -o spec.yaml >/dev/null
-"$PY" - "$1" <<'PY'
+"$PY" - "$1" "$TRACE" <<'PY'
 import json, sys, yaml
 s = yaml.safe_load(open("spec.yaml"))
 s["parallelism"] = json.loads(sys.argv[1])
 s["training"]["checkpoint"] = {"dir": "checkpoints", "interval": 1000}
+if sys.argv[2] == "1":
+    s["training"]["train_iters"] = 60
 yaml.safe_dump(s, open("spec.yaml", "w"))
 PY
 "$ORCH" generate spec.yaml -o run >/dev/null
+if [ "$TRACE" = 1 ]; then
+    mkdir trace
+    PYTHONPATH="$ROOT/benchmarks/cpu_trace${PYTHONPATH:+:$PYTHONPATH}" ORCH_TRACE_DIR="$DIR/trace" \
+        "$ORCH" launch run --wait >launch.log 2>&1 || { tail launch.log; exit 1; }
+    "$PY" "$ROOT/benchmarks/cpu_trace/report.py" "$DIR/trace"; exit 0
+fi
 before=$(cut -d' ' -f1 /proc/loadavg)
 "$ORCH" launch run --wait >launch.log 2>&1 || { tail launch.log; exit 1; }
 "$PY" - "$before" "$(cut -d' ' -f1 /proc/loadavg)" <<'PY'
