@@ -191,6 +191,19 @@ def ds_pipeline_reduces_after_flush(engine: str, pp: int) -> bool:
     return engine == "deepspeed" and pp > 1
 
 
+def ds_pipeline_host_exposed(engine: str, pp: int) -> bool:
+    """Whether DeepSpeed's pipeline engine's per-micro-batch host work (CostModel.pipeline_microbatch_host_s)
+    is on the critical path: always, on a GPU too. Every ForwardPass instruction starts with
+    ``self.tput_timer.start()`` (pipe/engine.py _exec_forward_pass), and DeepSpeed's ThroughputTimer
+    synchronizes the whole device there from the third step on (utils/timer.py ThroughputTimer.start:
+    ``torch.cuda.synchronize()`` in v0.5.8; in v0.16.4 behind the timers config, ``enabled`` and
+    ``synchronized`` both true by default, which orch does not change). So the host never runs a micro-batch
+    ahead of the GPU. With tp > 1 the partitioned activations add more waits of the same kind: every
+    forward and backward rebuilds them from a meta tensor with ``meta.tolist()`` (runtime/utils.py
+    PartitionedTensor.from_meta)."""
+    return engine == "deepspeed" and pp > 1
+
+
 # DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py, first in v0.6.2 with "bf16+pipeline
 # parallelism", PR #1801): bf16 weights, fp32 master weights and optimizer states sharded over the DP ranks (its
 # own ZeRO-1), and a full fp32 copy of every gradient. Which runs use it (:func:`ds_bf16_optimizer`):

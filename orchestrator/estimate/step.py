@@ -29,7 +29,7 @@ from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, 
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
 from .engines import (DS_BF16_HP_GRAD_EXTRA_BYTES, ds_backward_regather_share, ds_bf16_optimizer,
-                      ds_bucket_all_reduce, ds_pipeline_reduces_after_flush,
+                      ds_bucket_all_reduce, ds_pipeline_host_exposed, ds_pipeline_reduces_after_flush,
                       ds_zero12_copy_bytes, ds_zero3_runtime, gathers_per_layer, grad_reduce_bytes,
                       param_tensors_per_layer)
 from .flops import FlopsEstimate, estimate_flops
@@ -526,19 +526,6 @@ def hp_grad_copies_s(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) 
     if ctx.shape.tie_embeddings:
         head = emb if lay.pp > 1 else 0.0     # one stage holds the one tied weight
     return params.per_layer / lay.tp * per_param, emb * per_param, head * per_param
-
-
-def ds_pipeline_host_exposed(engine: str, pp: int) -> bool:
-    """Whether DeepSpeed's pipeline engine's per-micro-batch host work (CostModel.pipeline_microbatch_host_s)
-    is on the critical path: always, on a GPU too. Every ForwardPass instruction starts with
-    ``self.tput_timer.start()`` (pipe/engine.py _exec_forward_pass), and DeepSpeed's ThroughputTimer
-    synchronizes the whole device there from the third step on (utils/timer.py ThroughputTimer.start:
-    ``torch.cuda.synchronize()`` in v0.5.8; in v0.16.4 behind the timers config, ``enabled`` and
-    ``synchronized`` both true by default, which orch does not change). So the host never runs a micro-batch
-    ahead of the GPU. With tp > 1 the partitioned activations add more waits of the same kind: every
-    forward and backward rebuilds them from a meta tensor with ``meta.tolist()`` (runtime/utils.py
-    PartitionedTensor.from_meta)."""
-    return engine == "deepspeed" and pp > 1
 
 
 def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
