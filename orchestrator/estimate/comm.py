@@ -211,7 +211,8 @@ class DataParallelWork:
     bucket_all_reduce: bool = False  # DeepSpeed >= 0.12.4 ZeRO-1/2: gradient buckets all-reduced, not
                                      # reduce-scattered (estimate/engines.py ds_bucket_all_reduce)
     zero3: Zero3Runtime | None = None   # DeepSpeed ZeRO-3: what its release does per collective
-                                        # (estimate/engines.py ds_zero3_runtime); None: the current one
+                                        # (estimate/engines.py ds_zero3_runtime); None: not DeepSpeed
+                                        # ZeRO-3 (counted as the current release, all flags off)
     rank_host_s: float = 0.0            # host time per rank of a list collective's Python loop
                                         # (CostModel.ds_list_rank_host_s)
 

@@ -120,7 +120,8 @@ def grad_reduce_bytes(engine: str, precision: str, dtype_bytes: int) -> int:
 @lru_cache(maxsize=1024)
 def ds_backward_regather_share(module_elements: tuple[int, ...], layers: int, full_recompute: bool,
                                max_reuse: int = DS_MAX_REUSE_DISTANCE) -> float:
-    """Backward all-gathers of DeepSpeed ZeRO-3 (0.5 on), in passes of the stage's parameters.
+    """Backward all-gathers of DeepSpeed ZeRO-3 (every release: the reuse rule is the same since 0.3.12), in
+    passes of the stage's parameters.
 
     After a module runs, DeepSpeed keeps its parameters gathered when the module is due again before
     ``max_reuse`` elements of other modules' parameters have run (PartitionedParameterCoordinator's

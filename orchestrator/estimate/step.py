@@ -467,9 +467,10 @@ def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -
 
 
 def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
-    """DeepSpeed ZeRO-3, every release (DeepSpeed 0.19.8 still does it: stage3.py _post_step), once per step: every backward ends by
-    partitioning all parameters, the resident ones too (stage3.py backward -> _partition_all_parameters), and
-    the optimizer step ends by gathering the resident ones back synchronously (_post_step). Before 0.5.5
+    """DeepSpeed ZeRO-3, every release (0.19.8 still does it: stage3.py _post_step), once per step: every
+    backward ends by partitioning all parameters, the resident ones too (stage3.py backward ->
+    _partition_all_parameters), and the optimizer step ends by gathering the resident ones back
+    synchronously (_post_step). Before 0.5.5
     (partition_parameters._allgather_params): one all-gather on a list of n views (the per-rank loop, n
     copies), then for each resident tensor a Python loop over the n ranks copying its slice out
     (CostModel.ds_persistent_copy_host_s, plus one copy kernel launch, kernel_gap_s, each). From 0.5.5
