@@ -230,29 +230,56 @@ def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw
     Bucketed collectives run behind ``overlap`` of the compute window they can overlap; the last bucket of a
     backward (and the first gather of a pass) waits for, or is waited on by, compute and stays exposed.
     """
-    from .engines import DS_REDUCE_BUCKET_ELEMENTS, gathers_per_layer, reduce_bucket_elements  # noqa: PLC0415
-
     if pl.size <= 1:
         return DataParallelComm(0.0, 0.0, 0.0)
-    w, n, m = work, pl.size, work.num_microbatches
-    grads, params = w.param_elements * w.grad_bytes, w.param_elements * w.param_bytes
-    hide_b, hide_f = overlap * w.backward_window_s, overlap * w.forward_window_s
+    if work.zero_stage <= 2:
+        return _replicated_params_comm(work, pl, overlap, hw)
+    return _zero3_comm(work, pl, overlap, hw)
+
+
+def _gradient_buckets(w: DataParallelWork, n: int) -> tuple[str, float]:
+    """(collective, elements per call) of the gradient reduction: per layer for Megatron FSDP, else the
+    engine's bucket; all-reduce without ZeRO and for DeepSpeed's bucket all-reduce (ZeRO-1/2)."""
+    from .engines import reduce_bucket_elements  # noqa: PLC0415
+
     sharded_units = w.engine == "megatron" and w.zero_stage >= 2      # Megatron FSDP: one unit per layer
     bucket = w.param_elements / max(1, w.layers) if sharded_units else reduce_bucket_elements(w.engine, n)
     kind = "all_reduce" if w.zero_stage == 0 or (w.bucket_all_reduce and w.zero_stage <= 2) else "reduce_scatter"
+    return kind, bucket
+
+
+def _replicated_params_comm(w: DataParallelWork, pl: Placement, overlap: float, hw: Hardware) -> DataParallelComm:
+    """ZeRO 0-2 (and Megatron's DDP / distributed optimizer): gradients reduced, updated parameters gathered."""
+    from .engines import DS_REDUCE_BUCKET_ELEMENTS  # noqa: PLC0415
+
+    n, m = pl.size, w.num_microbatches
+    grads, params = w.param_elements * w.grad_bytes, w.param_elements * w.param_bytes
+    hide_b, hide_f = overlap * w.backward_window_s, overlap * w.forward_window_s
+    kind, bucket = _gradient_buckets(w, n)
+    red_s, red_one, red_calls = bucketed_s(kind, grads, bucket * w.grad_bytes, pl, hw)
+    per_step = 1 if w.zero_stage < 2 else m          # ZeRO-2 reduce-scatters every micro-batch
+    exposed = per_step * max(red_one, red_s - hide_b)
+    time, nbytes, calls = per_step * red_s, per_step * ring_bytes(grads, n, kind), per_step * red_calls
+    if w.zero_stage >= 1:                             # updated parameters gathered after the step
+        gather_bucket = bucket if w.engine == "megatron" else DS_REDUCE_BUCKET_ELEMENTS
+        ag_s, ag_one, ag_calls = bucketed_s("all_gather", params, gather_bucket * w.param_bytes, pl, hw)
+        # Megatron's --overlap-param-gather hides it behind the next forward; DeepSpeed waits for it.
+        exposed += max(ag_one, ag_s - hide_f) if w.engine == "megatron" else ag_s
+        time, nbytes, calls = time + ag_s, nbytes + ring_bytes(params, n), calls + ag_calls
+    return DataParallelComm(nbytes, time, exposed, reduce_s=per_step * red_s, calls=calls)
+
+
+def _zero3_comm(w: DataParallelWork, pl: Placement, overlap: float, hw: Hardware) -> DataParallelComm:
+    """ZeRO-3 / FSDP: parameters gathered per unit for every forward and backward pass, gradients reduced
+    every micro-batch; DeepSpeed releases before 0.6 as engines.Zero3Runtime says."""
+    from .engines import DS_REDUCE_BUCKET_ELEMENTS, gathers_per_layer  # noqa: PLC0415
+
+    n, m = pl.size, w.num_microbatches
+    grads, params = w.param_elements * w.grad_bytes, w.param_elements * w.param_bytes
+    hide_b, hide_f = overlap * w.backward_window_s, overlap * w.forward_window_s
+    kind, bucket = _gradient_buckets(w, n)
     red_s, red_one, red_calls = bucketed_s(kind, grads, bucket * w.grad_bytes, pl, hw)
     red_bytes = ring_bytes(grads, n, kind)
-    if w.zero_stage <= 2:
-        per_step = 1 if w.zero_stage < 2 else m          # ZeRO-2 reduce-scatters every micro-batch
-        exposed = per_step * max(red_one, red_s - hide_b)
-        time, nbytes, calls = per_step * red_s, per_step * red_bytes, per_step * red_calls
-        if w.zero_stage >= 1:                             # updated parameters gathered after the step
-            gather_bucket = bucket if w.engine == "megatron" else DS_REDUCE_BUCKET_ELEMENTS
-            ag_s, ag_one, ag_calls = bucketed_s("all_gather", params, gather_bucket * w.param_bytes, pl, hw)
-            # Megatron's --overlap-param-gather hides it behind the next forward; DeepSpeed waits for it.
-            exposed += max(ag_one, ag_s - hide_f) if w.engine == "megatron" else ag_s
-            time, nbytes, calls = time + ag_s, nbytes + ring_bytes(params, n), calls + ag_calls
-        return DataParallelComm(nbytes, time, exposed, reduce_s=per_step * red_s, calls=calls)
     units = w.layers * gathers_per_layer(w.engine) + 1                # + the embedding
     g_s, g_one, _ = bucketed_s("all_gather", params, params / units, pl, hw)
     passes_b = 2 if w.full_recompute else 1                          # backward re-gathers for the recompute too
