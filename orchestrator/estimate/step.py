@@ -325,17 +325,16 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
     params = params or params_of(ctx, lay)
     split = split_of(ctx, lay)
-    tp, pp, vpp, dp, mb = lay.tp, lay.pp, lay.vpp, lay.dp, lay.micro_batch_size
+    tp, pp, vpp, mb = lay.tp, lay.pp, lay.vpp, lay.micro_batch_size
     m = num_microbatches(ctx, lay)
-    full = lay.recompute == "full"
-    gpn = hw.gpus_per_node
     rl = rank_layer_of(ctx, lay)
     layer = rl.time
     rshape = rank_shape(shape, lay.cp)
     tokens = rshape.seq_length * mb
-    tp_pl = group_placement(tp, 1, gpn)
+    tp_pl = group_placement(tp, 1, hw.gpus_per_node)
     tp_bytes, tp_s = tensor_parallel_layer_comm(tokens=tokens, hidden=shape.hidden_size, pl=tp_pl,
-                                                sp=bool(lay.sequence_parallel), full_recompute=full, hw=hw)
+                                                sp=bool(lay.sequence_parallel), full_recompute=lay.recompute == "full",
+                                                hw=hw)
     tp_hidden = tp_overlap_fraction(cost, hw, lay)
     tp_exposed = (1 - tp_hidden) * tp_s
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
@@ -349,20 +348,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s + hp_layer,
                         head + hp_head, emb + hp_emb)
     slowest, mean, stage_layers = times.slowest_s, times.mean_s, times.slowest_layers
-    pp_bytes = pp_s = x_exposed = emb_sync = 0.0
-    if pp > 1:
-        inter = tp * lay.cp * dp * pp > gpn
-        one_bytes, one_s = pipeline_transfer(tokens=tokens, hidden=shape.hidden_size, tp_pl=tp_pl,
-                                             sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
-        x = p2p_transfers_per_microbatch(ctx.engine, vpp) * one_s
-        x_exposed = (1 - cost.pp_overlap) * x
-        pp_bytes, pp_s = 2 * vpp * m * one_bytes, m * x
-        if shape.tie_embeddings:
-            # BF16_Optimizer reduces the fp32 copy of the tied gradient (engines.py)
-            emb_bytes = params.padded_vocab_size * shape.hidden_size // tp * (4 if bf16_opt else hw.dtype_bytes)
-            emb_sync = all_reduce_s(emb_bytes, Placement(2, 1, 2) if inter else Placement(2, 2, 1), hw)
-            pp_bytes += ring_bytes(emb_bytes, 2, "all_reduce")
-            pp_s += emb_sync
+    pp_bytes, pp_s, x_exposed, emb_sync = _pipeline_comm(ctx, lay, params, tokens, tp_pl, m, bf16_opt)
     host_mb = cost.pipeline_microbatch_host_s if ds_pipeline_host_exposed(ctx.engine, pp) else 0.0
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
                            p2p_s=x_exposed + host_mb)
@@ -371,17 +357,9 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     # DeepSpeed's pipeline engine reduces after the pipeline has drained: nothing to hide behind
     backward_window = 0.0 if ds_pipeline_reduces_after_flush(ctx.engine, pp) else \
         reduce_layers * (layer.backward_s + layer.recompute_s)
-    def dp_work(elements: float) -> DataParallelWork:
-        return DataParallelWork(
-            engine=ctx.engine, zero_stage=lay.zero_stage, param_elements=elements, param_bytes=hw.dtype_bytes,
-            grad_bytes=grad_reduce_bytes(ctx.engine, ctx.precision, hw.dtype_bytes), layers=reduce_layers,
-            num_microbatches=m, full_recompute=full, forward_window_s=reduce_layers * layer.forward_s,
-            backward_window_s=backward_window,
-            backward_gather_passes=ds_backward_gather_passes(ctx, lay, reduce_layers),
-            bucket_all_reduce=ctx.engine == "deepspeed" and (ds_bucket_all_reduce(ctx.engine_version) or bf16_opt),
-            zero3=ds_zero3_runtime(ctx.engine_version) if ctx.engine == "deepspeed" and lay.zero_stage == 3 else None,
-            rank_host_s=cost.ds_list_rank_host_s)
-    dp_comm = _gradient_sync(ctx, lay, dp_work, params.per_gpu, reduce_layers)
+    work = _dp_work(ctx, lay, reduce_layers, m, reduce_layers * layer.forward_s, backward_window, bf16_opt)
+    dp_comm = _gradient_sync(ctx, lay, lambda elements: dataclasses.replace(work, param_elements=elements),
+                             params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m, reduce_layers)
     step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.link == "loopback" else 0.0
     offload_host = offload_host_s(ctx, lay, reduce_layers) + zero12_copies_s(ctx, lay, params.per_gpu, m)
@@ -412,6 +390,42 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s,
                               engine_s=engine_s, contention_s=contention)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+
+
+def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, tokens: int, tp_pl: Placement,
+                   m: int, bf16_opt: bool) -> tuple[float, float, float, float]:
+    """(bytes, time, exposed time per micro-batch, tied-embedding sync time) of a step's pipeline traffic:
+    the stage boundary transfers and, with tied embeddings, the embedding gradient's all-reduce between the
+    first and last stage; all 0 without pipeline parallelism."""
+    shape, hw, tp = ctx.shape, ctx.hw, lay.tp
+    if lay.pp <= 1:
+        return 0.0, 0.0, 0.0, 0.0
+    inter = tp * lay.cp * lay.dp * lay.pp > hw.gpus_per_node
+    one_bytes, one_s = pipeline_transfer(tokens=tokens, hidden=shape.hidden_size, tp_pl=tp_pl,
+                                         sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
+    x = p2p_transfers_per_microbatch(ctx.engine, lay.vpp) * one_s
+    pp_bytes, pp_s, emb_sync = 2 * lay.vpp * m * one_bytes, m * x, 0.0
+    if shape.tie_embeddings:
+        # BF16_Optimizer reduces the fp32 copy of the tied gradient (engines.py)
+        emb_bytes = params.padded_vocab_size * shape.hidden_size // tp * (4 if bf16_opt else hw.dtype_bytes)
+        emb_sync = all_reduce_s(emb_bytes, Placement(2, 1, 2) if inter else Placement(2, 2, 1), hw)
+        pp_bytes += ring_bytes(emb_bytes, 2, "all_reduce")
+        pp_s += emb_sync
+    return pp_bytes, pp_s, (1 - ctx.cost.pp_overlap) * x, emb_sync
+
+
+def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_window_s: float,
+             backward_window_s: float, bf16_opt: bool) -> DataParallelWork:
+    """The DataParallelWork of a stage of ``layers`` layers (param_elements 0: _gradient_sync sets it)."""
+    engine, dtype_bytes = ctx.engine, ctx.hw.dtype_bytes
+    return DataParallelWork(
+        engine=engine, zero_stage=lay.zero_stage, param_elements=0.0, param_bytes=dtype_bytes,
+        grad_bytes=grad_reduce_bytes(engine, ctx.precision, dtype_bytes), layers=layers,
+        num_microbatches=m, full_recompute=lay.recompute == "full", forward_window_s=forward_window_s,
+        backward_window_s=backward_window_s, backward_gather_passes=ds_backward_gather_passes(ctx, lay, layers),
+        bucket_all_reduce=engine == "deepspeed" and (ds_bucket_all_reduce(ctx.engine_version) or bf16_opt),
+        zero3=ds_zero3_runtime(ctx.engine_version) if engine == "deepspeed" and lay.zero_stage == 3 else None,
+        rank_host_s=ctx.cost.ds_list_rank_host_s)
 
 
 # Layouts that differ only in what the DP traffic does not see (interleaving, splits) share its cost.
