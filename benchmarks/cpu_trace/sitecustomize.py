@@ -1,4 +1,4 @@
-"""Loaded by every rank when benchmarks/cpu_step_trace.sh puts this folder on PYTHONPATH: wraps
+"""Loaded by every rank when `benchmarks/cpu_measure.sh --trace` puts this folder on PYTHONPATH: wraps
 torch.distributed's collectives to record, per call, its wall interval and the calling thread's CPU time
 (time.thread_time), and writes them to $ORCH_TRACE_DIR/trace.<rank> at exit."""
 import atexit
