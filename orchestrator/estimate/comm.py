@@ -23,7 +23,9 @@ What is sent:
 * DP (per step), call by call in the buckets and units the engine uses (estimate/engines.py): stage 0
   all-reduces the gradients; stage 1 (and Megatron's distributed optimizer) reduce-scatters gradients and
   all-gathers updated parameters; stage 2 reduce-scatters into the owner's partition at every micro-batch
-  (a rank keeps no full gradient buffer to accumulate in) and all-gathers parameters once; stage 3
+  (a rank keeps no full gradient buffer to accumulate in) and all-gathers parameters once (DeepSpeed from
+  0.12.4, the release orch writes for, and its BF16_Optimizer all-reduce the ZeRO-1/2 gradient buckets
+  instead: an all-reduce's volume, estimate/engines.py ds_bucket_all_reduce / ds_bf16_optimizer); stage 3
   all-gathers parameters for every forward and backward (and for the recomputed forward), one call per
   module (DeepSpeed) or per layer (Megatron FSDP), and reduce-scatters gradients, every micro-batch (ZeRO
   paper, section 7: 1.5x the all-reduce volume per pass). Gradients travel in the training dtype, or fp32

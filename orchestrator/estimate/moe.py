@@ -169,7 +169,8 @@ def moe_block_s(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, etp:
     """(forward, backward) of the MoE block of one layer on one rank, as a benchmark of the block alone
     measures it: router, permutation, dispatch and combine all-to-alls (two each way), experts, at least
     the block's host launch time; no overlap with other work (Megatron-LM's moe_perf test:
-    tests/data/megatron-moe-perf-h100.json)."""
+    tests/data/megatron-moe-perf-h100.json). ``gemm_hw``: the FP8 GEMM rates of an FP8 block (None: 16-bit);
+    it also selects FP8's host launch counts (EXPERT_HOST_OPS)."""
     mlp = moe_mlp_times(shape, hw, tp, cp, ep, etp, mb, gemm_hw)
     a2a = expert_layer_comm(shape, hw, tp, cp, ep, etp, mb).seconds / 2
     host_f, host_b = moe_block_host_s(shape, ep, gemm_hw is not None)
