@@ -79,8 +79,11 @@ def test_synthetic_data_follows_its_markov_chain():
     g = torch.Generator().manual_seed(batch_seed(3, 2, 0, 1))
     first = torch.randint(512, (4,), generator=g)
     choice = torch.multinomial(data.probs, 4 * 64, replacement=True, generator=g).view(4, 64)
-    assert torch.equal(tokens[:, 0], first)
-    assert torch.equal(tokens[:, 1], data.successors[first, choice[:, 0]])
+    walk = [first]                                   # the chain walked with tensor indexing, column by column
+    for t in range(64):
+        walk.append(data.successors[walk[-1], choice[:, t]])
+    walk = torch.stack(walk, dim=1)
+    assert torch.equal(tokens, walk[:, :-1]) and torch.equal(labels, walk[:, 1:])
 
 
 def test_byte_text_data(tmp_path):
