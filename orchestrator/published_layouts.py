@@ -3,7 +3,8 @@
 Each case names a model preset, the cluster (DGX-H100: 8 GPUs per node), the batch and the layout as
 published (tp, pp, cp, virtual stages, ep, micro-batch; FSDP = 1 -> ZeRO-3, 0 -> Megatron's distributed
 optimizer, ZeRO-1), and the tokens/s per GPU reported. What the tables do not publish (recompute, expert
-tensor parallelism) stays open for the planner. Sources are in each case's ``source``; a case whose
+tensor parallelism; micro-batch and virtual stages where a case has them null) stays open for the planner.
+A case with no preset names its shape in ``model`` (spec model fields; the BF16 runs of Megatron-LM's README). Sources are in each case's ``source``; a case whose
 recipe ran without Megatron's EP all-to-all overlap (which orch generates wherever it can) says so
 (``ep_a2a_overlap: false``) and is predicted that way (:func:`predicted_layout`).
 
@@ -30,7 +31,7 @@ def load_layout_cases(path: str | Path) -> list[dict]:
 
 def layout_case_spec(case: dict, *, published_layout: bool = True) -> Spec:
     """The case as a spec on h100-sxm with the Megatron engine; its published layout fixed (or all open)."""
-    model = {"preset": case["preset"], "seq_length": case["seq"]}
+    model = ({"preset": case["preset"]} if case.get("preset") else dict(case["model"])) | {"seq_length": case["seq"]}
     if case.get("capacity_factor") is not None:
         model["moe"] = {"capacity_factor": case["capacity_factor"]}
     data = {"name": case["id"][:64], "model": model,
@@ -54,10 +55,11 @@ def _published_parallelism(case: dict) -> dict:
     par = {"tensor": case["tp"], "pipeline": case["pp"], "context": case["cp"], "virtual_pipeline": case["vp"],
            "micro_batch_size": case["mbs"], "zero_stage": 3 if case["fsdp"] else 1,
            "sequence_parallel": case["tp"] > 1, "offload": "none"}
+    par = {k: v for k, v in par.items() if v is not None}     # unpublished: the planner picks
     if case.get("ep"):
         par["expert"] = case["ep"]
     from .catalog.models import preset_fields  # noqa: PLC0415
-    layers = preset_fields(case["preset"])["num_layers"]
+    layers = preset_fields(case["preset"])["num_layers"] if case.get("preset") else case["model"]["num_layers"]
     accounted = accounted_split(layers, case["pp"])
     if layers % case["pp"] and accounted is not None and ((layers + 2) // case["pp"]) % case["vp"] == 0:
         par["account_for_embedding_loss"] = True
