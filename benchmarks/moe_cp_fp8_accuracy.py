@@ -1,4 +1,4 @@
-"""Predicted vs published tokens/s per GPU for MoE, context-parallel and FP8 runs on H100.
+"""Predicted vs published tokens/s per GPU for MoE, context-parallel, FP8 and BF16 dense runs on H100.
 
     .venv/bin/python benchmarks/moe_cp_fp8_accuracy.py
 
