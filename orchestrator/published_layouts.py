@@ -1,4 +1,4 @@
-"""Published MoE, context-parallel and FP8 runs (tests/data/published-moe-cp-fp8.json) as specs.
+"""Published MoE, context-parallel, FP8 and BF16 dense runs (tests/data/published-moe-cp-fp8.json) as specs.
 
 Each case names a model preset, the cluster (DGX-H100: 8 GPUs per node), the batch and the layout as
 published (tp, pp, cp, virtual stages, ep, micro-batch; FSDP = 1 -> ZeRO-3, 0 -> Megatron's distributed

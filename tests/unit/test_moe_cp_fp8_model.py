@@ -138,7 +138,8 @@ def test_published_run_plans_without_refusal_and_fits(case):
     plan = build_plan(layout_case_spec(case), top_k=1)
     assert plan.chosen["memory"]["fits"]
     assert (plan.layout.tp, plan.layout.pp, plan.layout.cp, plan.layout.micro_batch_size) == \
-        (case["tp"], case["pp"], case["cp"], case["mbs"])
+        (case["tp"], case["pp"], case["cp"], case["mbs"] or plan.layout.micro_batch_size)   # null: unpublished
+    assert plan.layout.vpp == case["vp"] or case["vp"] is None or case["pp"] == 1
     assert plan.layout.ep == (case["ep"] or 1)
 
 
@@ -178,3 +179,13 @@ def test_planner_advises_fp8_only_where_the_rules_allow_it():
     ampere = parse_spec({"name": "t", "model": {"preset": "llama3-8b"}, "training": {"global_batch_size": 256},
                          "cluster": {"gpu": "a100-80gb", "num_nodes": 1, "gpus_per_node": 8}})
     assert not any(r.startswith("fp8") for r in search(ampere).reasons)
+
+
+def test_a_case_without_preset_names_its_shape_and_leaves_unpublished_fields_open():
+    """Megatron-LM's README runs (group bf16-dense) publish the shape, tp, pp and dp, not the micro-batch or
+    the interleaving: the spec carries the shape and leaves those two to the planner."""
+    case = next(c for c in CASES if c["id"] == "mlm0715_gpt_70b_bf16")
+    spec = layout_case_spec(case)
+    assert (spec.model.num_layers, spec.model.hidden_size, spec.model.tie_embeddings) == (84, 8192, False)
+    assert spec.parallelism.micro_batch_size is None and spec.parallelism.virtual_pipeline is None
+    assert spec.training.precision == "bf16" and spec.world_size == case["gpus"]
