@@ -191,7 +191,8 @@ def _expert_elements(ctx: EstimateContext, lay: Layout, elements: float, layers:
 def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> ModelStatesEstimate:
     """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
     expert = _expert_elements(ctx, lay, psi, layers)
-    dense = estimate_model_states(psi - expert, grad_sync_size(lay), lay.zero_stage, lay.offload, ctx.precision)
+    dense = estimate_model_states(psi - expert, grad_sync_size(lay), sharding_stage(ctx, lay), lay.offload,
+                                  ctx.precision)
     if uses_bf16_optimizer(ctx, lay):          # a full fp32 copy of every gradient besides the bf16 one
         dense = dataclasses.replace(dense, grads_bytes=dense.grads_bytes + 4 * (psi - expert))
     if ctx.precision == "fp8":
@@ -419,7 +420,7 @@ def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_win
     """The DataParallelWork of a stage of ``layers`` layers (param_elements 0: _gradient_sync sets it)."""
     engine, dtype_bytes = ctx.engine, ctx.hw.dtype_bytes
     return DataParallelWork(
-        engine=engine, zero_stage=lay.zero_stage, param_elements=0.0, param_bytes=dtype_bytes,
+        engine=engine, zero_stage=sharding_stage(ctx, lay), param_elements=0.0, param_bytes=dtype_bytes,
         grad_bytes=grad_reduce_bytes(engine, ctx.precision, dtype_bytes), layers=layers,
         num_microbatches=m, full_recompute=lay.recompute == "full", forward_window_s=forward_window_s,
         backward_window_s=backward_window_s, backward_gather_passes=ds_backward_gather_passes(ctx, lay, layers),
@@ -531,6 +532,13 @@ def uses_bf16_optimizer(ctx: EstimateContext, lay: Layout) -> bool:
     return ctx.engine == "deepspeed" and ds_bf16_optimizer(ctx.engine_version, ctx.precision, lay.zero_stage, lay.pp)
 
 
+def sharding_stage(ctx: EstimateContext, lay: Layout) -> int:
+    """The ZeRO stage the model states are sharded at: the layout's, or 1 where DeepSpeed's BF16_Optimizer
+    runs a bf16 ZeRO-0 config as its own ZeRO-1 (fp32 master weights and optimizer states over the DP ranks,
+    the updated bf16 parameters all-gathered after the step: engines.py)."""
+    return max(lay.zero_stage, 1) if uses_bf16_optimizer(ctx, lay) else lay.zero_stage
+
+
 def hp_grad_copies_s(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> tuple[float, float, float]:
     """Per micro-batch, what DeepSpeed's BF16_Optimizer adds to accumulate the bf16 gradients into its fp32
     copy (engines.DS_BF16_HP_GRAD_EXTRA_BYTES per parameter, memory-bound): (per transformer layer, for the
@@ -580,7 +588,7 @@ def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int, l
     (as :func:`model_states` holds them)."""
     hw = ctx.hw
     expert = _expert_elements(ctx, lay, stage_params, layers)
-    owned = ((stage_params - expert) / grad_sync_size(lay) + expert / lay.edp) if lay.zero_stage >= 1 \
+    owned = ((stage_params - expert) / grad_sync_size(lay) + expert / lay.edp) if sharding_stage(ctx, lay) >= 1 \
         else stage_params
     if lay.offload == "none":
         # On CPU orch writes torch_adam (render/deepspeed.py): PyTorch's unfused single-tensor Adam.
