@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING
 from .hardware import Hardware
 
 if TYPE_CHECKING:
+    from ..layout import Layout
     from .engines import Zero3Runtime
 
 
@@ -388,3 +389,9 @@ class CommEstimate:
                                                    "cp_exposed_s")}
         d["exposed_s"] = float(self.exposed_s)
         return d
+
+
+def grad_sync_size(lay: Layout) -> int:
+    """Ranks that hold the same dense weights and reduce their gradients: dp x cp (Megatron folds the
+    context-parallel ranks into the data-parallel gradient group)."""
+    return lay.dp * lay.cp

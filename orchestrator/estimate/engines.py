@@ -40,7 +40,7 @@ partition_parameters.py):
   ProcessGroupNCCL flattens and copies back one view at a time: n host iterations and n copy kernels per
   gather, all before the compute is launched. Once per step the same release regathers the resident
   parameters (biases, norms) synchronously after the optimizer step, copying each tensor's n slices out in
-  a Python loop (``_post_step`` -> ``_allgather_params``; step.py zero3_persistent_regather_s).
+  a Python loop (``_post_step`` -> ``_allgather_params``; ds_runtime.py zero3_persistent_regather_s).
 * gradients: before 0.4.3 (#1199) ``contiguous_gradients`` was off by default for ZeRO-3, and
   ``reduce_ipg_grads`` took ``buffered_reduce_fallback``: a full all-reduce of each reduce bucket (then each
   rank keeps its partition), ``allreduce_gradients``. From 0.4.3 to 0.6.0 each parameter's gradient is

@@ -24,23 +24,23 @@ from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
 from ..spec import Spec, default_engine, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
-from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_gather_s, all_reduce_s,
-                   data_parallel_comm, group_placement, pipeline_transfer, ring_bytes, tensor_parallel_layer_comm)
+from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm,
+                   grad_sync_size, group_placement, pipeline_transfer, ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import (DS_BF16_HP_GRAD_EXTRA_BYTES, ds_backward_regather_share, ds_bf16_optimizer,
-                      ds_bucket_all_reduce, ds_pipeline_host_exposed, ds_pipeline_reduces_after_flush,
-                      ds_zero12_copy_bytes, ds_zero3_runtime, gathers_per_layer, grad_reduce_bytes,
-                      param_tensors_per_layer)
+from .engines import (ds_bucket_all_reduce, ds_pipeline_host_exposed, ds_pipeline_reduces_after_flush,
+                      ds_zero3_runtime, grad_reduce_bytes)
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
+from .ds_runtime import (ds_backward_gather_passes, hp_grad_copies_s, offload_host_s, sharding_stage,
+                         uses_bf16_optimizer, zero3_fetch_host_s, zero3_persistent_regather_s, zero12_copies_s)
 from .hardware import Hardware, hardware_for
 from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
 from .params import (ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank,
-                     ds_layer_modules, largest_module_per_rank, model_shape)
+                     largest_module_per_rank, model_shape)
 from .pipeline import bubble_fraction, pipeline_time_s
 from .precision import fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
 from .uncertainty import layout_uncertainty, regime_of
@@ -175,12 +175,6 @@ def rank_layer_of(ctx: EstimateContext, lay: Layout) -> RankLayer:
     return rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, layer_key(lay))
 
 
-def grad_sync_size(lay: Layout) -> int:
-    """Ranks that hold the same dense weights and reduce their gradients: dp x cp (Megatron folds the
-    context-parallel ranks into the data-parallel gradient group)."""
-    return lay.dp * lay.cp
-
-
 def _expert_elements(ctx: EstimateContext, lay: Layout, elements: float, layers: int) -> float:
     """Of a rank's ``elements`` parameters on ``layers`` layers, those of routed experts (0 when dense)."""
     if ctx.shape.moe is None:
@@ -191,7 +185,8 @@ def _expert_elements(ctx: EstimateContext, lay: Layout, elements: float, layers:
 def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> ModelStatesEstimate:
     """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
     expert = _expert_elements(ctx, lay, psi, layers)
-    dense = estimate_model_states(psi - expert, grad_sync_size(lay), lay.zero_stage, lay.offload, ctx.precision)
+    dense = estimate_model_states(psi - expert, grad_sync_size(lay), sharding_stage(ctx, lay), lay.offload,
+                                  ctx.precision)
     if uses_bf16_optimizer(ctx, lay):          # a full fp32 copy of every gradient besides the bf16 one
         dense = dataclasses.replace(dense, grads_bytes=dense.grads_bytes + 4 * (psi - expert))
     if ctx.precision == "fp8":
@@ -419,7 +414,7 @@ def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_win
     """The DataParallelWork of a stage of ``layers`` layers (param_elements 0: _gradient_sync sets it)."""
     engine, dtype_bytes = ctx.engine, ctx.hw.dtype_bytes
     return DataParallelWork(
-        engine=engine, zero_stage=lay.zero_stage, param_elements=0.0, param_bytes=dtype_bytes,
+        engine=engine, zero_stage=sharding_stage(ctx, lay), param_elements=0.0, param_bytes=dtype_bytes,
         grad_bytes=grad_reduce_bytes(engine, ctx.precision, dtype_bytes), layers=layers,
         num_microbatches=m, full_recompute=lay.recompute == "full", forward_window_s=forward_window_s,
         backward_window_s=backward_window_s, backward_gather_passes=ds_backward_gather_passes(ctx, lay, layers),
@@ -454,93 +449,6 @@ def dp_overlap_fraction(cost: CostModel, hw: Hardware) -> float:
     is True; its streams are no-ops), so overlap_comm's side stream runs each gloo collective inline on the
     rank's own thread, and every core already computes for a rank (OMP_NUM_THREADS=1 per rank, torchrun)."""
     return 0.0 if hw.link == "loopback" else cost.dp_overlap
-
-
-def ds_backward_gather_passes(ctx: EstimateContext, lay: Layout, layers: int) -> float | None:
-    """DeepSpeed ZeRO-3's backward all-gathers (in passes of the stage's parameters) under the
-    stage3_max_reuse_distance orch writes, 1e9 elements, which is also the default of every release since
-    ZeRO-3 shipped (0.3.12 constants.py; the same trace-based reuse rule, PartitionedParameterCoordinator
-    _keep_for_later): engines.ds_backward_regather_share; None elsewhere."""
-    if ctx.engine != "deepspeed" or lay.zero_stage != 3:
-        return None
-    return ds_backward_regather_share(ds_layer_modules(ctx.shape, lay.tp), layers, lay.recompute == "full")
-
-
-def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -> float:
-    """DeepSpeed ZeRO-3's host time per step: one hook-driven fetch per module (estimate/engines.py) in
-    every forward, recomputed forward and backward of every micro-batch; where the host is the device (CPU),
-    also the hooks of the resident norm modules (CostModel.zero3_resident_hook_host_s)."""
-    if ctx.engine != "deepspeed" or lay.zero_stage != 3 or lay.dp <= 1:
-        return 0.0
-    passes = 3 if lay.recompute == "full" else 2
-    fetches = m * passes * (layers * gathers_per_layer("deepspeed") + 1) * ctx.cost.zero3_fetch_host_s
-    if ctx.hw.link != "loopback":
-        return fetches
-    norms = 2 * layers + 1                                            # + the final norm; resident, hooks run
-    return fetches + m * passes * norms * ctx.cost.zero3_resident_hook_host_s
-
-
-def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
-    """DeepSpeed ZeRO-3, every release (0.19.8 still does it: stage3.py _post_step), once per step: every
-    backward ends by partitioning all parameters, the resident ones too (stage3.py backward ->
-    _partition_all_parameters), and the optimizer step ends by gathering the resident ones back
-    synchronously (_post_step). Before 0.5.5
-    (partition_parameters._allgather_params): one all-gather on a list of n views (the per-rank loop, n
-    copies), then for each resident tensor a Python loop over the n ranks copying its slice out
-    (CostModel.ds_persistent_copy_host_s, plus one copy kernel launch, kernel_gap_s, each). From 0.5.5
-    (_allgather_params_coalesced): one all-gather per resident tensor, queued on one NCCL stream, latency-bound
-    on the ring. The host waits for it; nothing else runs. Resident tensors: the biases and norms of each
-    layer and the final norm (hidden-size vectors, the MLP-in bias 4h)."""
-    if ctx.engine != "deepspeed" or lay.zero_stage != 3 or lay.dp <= 1:
-        return 0.0
-    rt = ds_zero3_runtime(ctx.engine_version)
-    shape, cost, n = ctx.shape, ctx.cost, grad_sync_size(lay)
-    resident = layers * (param_tensors_per_layer(shape.bias, shape.rmsnorm) - gathers_per_layer("deepspeed")) \
-        + (1 if shape.rmsnorm else 2)
-    if not rt.list_gathers:
-        pl = group_placement(n, lay.tp, ctx.hw.gpus_per_node)
-        return resident * all_gather_s(shape.hidden_size // lay.tp * ctx.hw.dtype_bytes, pl, ctx.hw)
-    per_copy = cost.ds_persistent_copy_host_s + cost.kernel_gap_s
-    return n * (cost.ds_list_rank_host_s + cost.kernel_gap_s) + resident * n * per_copy
-
-
-def offload_host_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
-    """DeepSpeed's optimizer-offload host time per step: one pass over the rank's parameter tensors (the
-    stage's layers, plus the embeddings and the final norm)."""
-    if ctx.engine != "deepspeed" or lay.offload == "none":
-        return 0.0
-    shape = ctx.shape
-    tensors = layers * param_tensors_per_layer(shape.bias, shape.rmsnorm) + 2 + (1 if shape.rmsnorm else 2)
-    return tensors * ctx.cost.offload_tensor_host_s
-
-
-def zero12_copies_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int) -> float:
-    """DeepSpeed ZeRO-1/2's gradient-buffer copies (engines.ds_zero12_copy_bytes) where the host is the device:
-    on the critical path of DeepSpeed's synchronous CPU accelerator. On a GPU they run on DeepSpeed's
-    reduction stream (``overlap_comm``) behind the backward: not counted."""
-    if ctx.engine != "deepspeed" or lay.zero_stage not in (1, 2) or ctx.hw.link != "loopback" or lay.offload != "none":
-        return 0.0
-    dp = grad_sync_size(lay)
-    nbytes = ds_zero12_copy_bytes(stage_params, grad_reduce_bytes(ctx.engine, ctx.precision, ctx.hw.dtype_bytes),
-                                  dp, m, lay.zero_stage)
-    return nbytes / ctx.hw.hbm_Bps
-
-
-def uses_bf16_optimizer(ctx: EstimateContext, lay: Layout) -> bool:
-    """The run trains with DeepSpeed's BF16_Optimizer (engines.ds_bf16_optimizer)."""
-    return ctx.engine == "deepspeed" and ds_bf16_optimizer(ctx.engine_version, ctx.precision, lay.zero_stage, lay.pp)
-
-
-def hp_grad_copies_s(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> tuple[float, float, float]:
-    """Per micro-batch, what DeepSpeed's BF16_Optimizer adds to accumulate the bf16 gradients into its fp32
-    copy (engines.DS_BF16_HP_GRAD_EXTRA_BYTES per parameter, memory-bound): (per transformer layer, for the
-    first stage's embedding, for the last stage's output layer: the tied copy of the embedding, or its own)."""
-    per_param = DS_BF16_HP_GRAD_EXTRA_BYTES / ctx.hw.hbm_Bps
-    emb = params.padded_vocab_size * ctx.shape.hidden_size / lay.tp
-    head = params.output_layer / lay.tp
-    if ctx.shape.tie_embeddings:
-        head = emb if lay.pp > 1 else 0.0     # one stage holds the one tied weight
-    return params.per_layer / lay.tp * per_param, emb * per_param, head * per_param
 
 
 def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
@@ -580,7 +488,7 @@ def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int, l
     (as :func:`model_states` holds them)."""
     hw = ctx.hw
     expert = _expert_elements(ctx, lay, stage_params, layers)
-    owned = ((stage_params - expert) / grad_sync_size(lay) + expert / lay.edp) if lay.zero_stage >= 1 \
+    owned = ((stage_params - expert) / grad_sync_size(lay) + expert / lay.edp) if sharding_stage(ctx, lay) >= 1 \
         else stage_params
     if lay.offload == "none":
         # On CPU orch writes torch_adam (render/deepspeed.py): PyTorch's unfused single-tensor Adam.

@@ -41,3 +41,19 @@ def test_buffer_copies_count_on_cpu_only():
 def test_unfused_adam_moves_more_bytes():
     hw = hardware_for(parse_spec(spec_data()), CostModel())
     assert optimizer_step_s(1e6, hw, fused=False) > 2 * optimizer_step_s(1e6, hw)
+
+
+def test_bf16_zero0_runs_as_bf16_optimizers_own_zero1():
+    """DeepSpeed trains a bf16 ZeRO-0 config with BF16_Optimizer: fp32 master weights and Adam states sharded
+    over the DP ranks, the updated bf16 parameters all-gathered after the step, as ZeRO-1 does."""
+    spec = parse_spec(spec_data(**{"parallelism.zero_stage": 0, "cluster.gpu": "h100-sxm",
+                                   "training.precision": "bf16", "training.engine": "deepspeed"}))
+    z0 = require_complete(spec)
+    z1 = dataclasses.replace(z0, zero_stage=1)
+    a, b = estimate_layout(spec, z0), estimate_layout(spec, z1)
+    assert a.memory.optimizer_bytes == b.memory.optimizer_bytes
+    assert a.memory.grads_bytes > b.memory.grads_bytes          # its fp32 copy of every gradient
+    assert a.comm.dp_bytes == b.comm.dp_bytes > 0                # all-reduce + all-gather, like ZeRO-1
+    fp32 = parse_spec(spec_data(**{"parallelism.zero_stage": 0, "cluster.gpu": "h100-sxm",
+                                   "training.precision": "fp32", "training.engine": "deepspeed"}))
+    assert estimate_layout(fp32, require_complete(fp32)).memory.optimizer_bytes > a.memory.optimizer_bytes
