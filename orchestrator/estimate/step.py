@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import Problem, SpecError
-from ..layout import FIELD_PATHS, Layout, check_layout, layout_split
-from ..spec import Spec, default_engine, default_host_memory_GiB
+from ..layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_split
+from ..spec import Spec, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
 from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm,
@@ -71,7 +71,7 @@ class EstimateContext:
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
         return cls(shape=model_shape(spec), hw=hardware_for(spec, cost), cost=cost,
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
-                   engine=spec.training.engine or default_engine(c.gpu),
+                   engine=engine_of(spec),
                    host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
                    engine_version=engine_version, ep_a2a_overlap=ep_a2a_overlap)
 
