@@ -23,6 +23,7 @@ Pure functions of the Plan, composed by :mod:`orchestrator.render.megatron`. Fla
 from __future__ import annotations
 
 from ..estimate.moe import uses_ep_a2a_overlap
+from ..layout import engine_of
 from ..plan import Plan
 
 DISPATCHER = "alltoall"
@@ -61,8 +62,8 @@ def moe_args(plan: Plan) -> list[str]:
 
 
 def ep_overlap(plan: Plan) -> bool:
-    lay, t = plan.layout, plan.spec.training
-    return uses_ep_a2a_overlap(plan.spec.model.moe is not None, t.engine or "megatron", plan.spec.cluster.gpu,
+    lay = plan.layout
+    return uses_ep_a2a_overlap(plan.spec.model.moe is not None, engine_of(plan.spec), plan.spec.cluster.gpu,
                                lay.ep, lay.pp, lay.vpp, lay.recompute)
 
 
