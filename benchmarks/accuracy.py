@@ -108,14 +108,13 @@ def measured_rows() -> list[dict]:
 def layout_case_rows() -> list[dict]:
     """Published MoE / context-parallel / FP8 H100 runs (tests/data/published-moe-cp-fp8.json), planned
     with their layouts fixed as published (and their EP overlap as run); the regime is the chosen layout's."""
-    from orchestrator.published_layouts import layout_case_spec, load_layout_cases, predicted_layout  # noqa: PLC0415
+    from orchestrator.published_layouts import load_layout_cases, predicted_layout  # noqa: PLC0415
 
     rows = []
     for case in load_layout_cases(LAYOUT_CASES):
-        spec = layout_case_spec(case)
         chosen = predicted_layout(case)
         rows.append({"id": case["id"], "regime": chosen["uncertainty"]["regime"], "predicted": chosen["tokens_per_s"],
-                     "reference": case["tokens_per_s_per_gpu"] * spec.world_size,
+                     "reference": case["tokens_per_s_per_gpu"] * case["gpus"],
                      "source": "published H100 runs of tests/data/published-moe-cp-fp8.json"})
     return rows
 
