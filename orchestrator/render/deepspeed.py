@@ -28,7 +28,7 @@ def render_ds_config(plan: Plan) -> dict:
         "comms_logger": {"enabled": spec.tracking.comms_logger, "verbose": False, "prof_all": True,
                          "debug": False},
     }
-    if lay.cp and lay.cp > 1:
+    if lay.cp > 1:
         # DeepSpeed-Ulysses (the trainer's own sequence all-to-all): DeepSpeed's batch check then counts
         # dp = world / sequence_parallel_size. No data_parallel_size: with both keys DeepSpeed builds a
         # device mesh whose gradient reduction leaves the sequence ranks out (ZeRO's reduction group is
