@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.cold import clear_orch_caches  # noqa: E402
-from orchestrator.planner import search  # noqa: E402
+from benchmarks.cold import cold_search  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
 
 RUNS = 5
@@ -24,18 +22,11 @@ SPEC = {"name": "gpt3-1t-3072xa100", "model": {"preset": "gpt3-1t"},
         "training": {"global_batch_size": 3072, "precision": "bf16"}}
 
 
-def cold_search(spec):
-    clear_orch_caches()
-    start = time.perf_counter()
-    result = search(spec, top_k=5)
-    return time.perf_counter() - start, result
-
-
 def main() -> int:
     spec = parse_spec(SPEC)
     times, result = [], None
     for _ in range(RUNS):
-        t, result = cold_search(spec)
+        t, _, result = cold_search(spec)
         times.append(t)
     median = statistics.median(times)
     print(f"search: gpt3-1t on {spec.world_size} x a100-80gb, every parallelism field open")

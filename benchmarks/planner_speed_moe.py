@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.cold import clear_orch_caches  # noqa: E402
-from orchestrator.planner import search  # noqa: E402
+from benchmarks.cold import cold_search  # noqa: E402
 from orchestrator.spec import parse_spec  # noqa: E402
 
 RUNS = 3
@@ -27,13 +25,6 @@ def mixtral(gpus: int) -> dict:
     return {"name": f"mixtral-{gpus}", "model": {"preset": "mixtral-8x7b"},
             "cluster": {"gpu": "h100-sxm", "num_nodes": gpus // 8, "gpus_per_node": 8},
             "training": {"global_batch_size": max(256, gpus)}}
-
-
-def cold_search(spec):
-    clear_orch_caches()
-    start, cpu = time.perf_counter(), time.process_time()
-    result = search(spec, top_k=5)
-    return time.perf_counter() - start, time.process_time() - cpu, result
 
 
 def main() -> int:
