@@ -25,7 +25,8 @@ from ..errors import OrchError
 from ..launch import backend_module
 from ..launch.base import LOG_DIR, CommandRunner, JobRecord, tail_lines
 from ..rundir import RunDir, read_run_dir
-from .probe import REQUEST_DIR, request_path, result_path, write_json
+from ..train.trainer import write_json
+from .probe import REQUEST_DIR, request_path, result_path
 from .report import DEFAULT_THRESHOLD, build_report
 
 DOCTOR_FILE = "doctor.json"
