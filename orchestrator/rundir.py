@@ -18,7 +18,7 @@ from pathlib import Path
 from . import __version__
 from .errors import OrchError, Problem, SpecError, raise_if
 from .plan import Plan
-from .spec import Spec, parse_spec, spec_to_data
+from .spec import Spec, parse_spec, spec_sha256, spec_to_data
 
 MANIFEST = "manifest.json"
 EXECUTABLE = {"launch_local.sh", "launch.sbatch", "launch_pdsh.sh"}
@@ -191,8 +191,6 @@ def run_dir_shape_problems(root: Path, plan, ds_config, manifest) -> list[Proble
 def manifest_problems(run: RunDir) -> list[Problem]:
     """Every generated file is listed in manifest.json and has the sha256 recorded there; the spec hash
     matches. What `orch validate` reports and `orch launch` refuses to run."""
-    from .spec import spec_sha256  # noqa: PLC0415
-
     listed = run.manifest["files"]
     fix = "re-run `orch generate --force`"
     problems = [Problem(f"{run.path}/{name}", "not listed in manifest.json", fix)

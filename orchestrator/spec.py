@@ -313,8 +313,6 @@ def read_spec_data(path: str | Path) -> Any:
     from .userfiles import parse_json, parse_yaml, read_user_text  # noqa: PLC0415
 
     path = Path(path)
-    if path.is_dir():
-        raise SpecError("cannot read: IsADirectoryError", path=str(path))
     text = read_user_text(path)
     return parse_json(text, str(path)) if path.suffix == ".json" else parse_yaml(text, str(path))
 

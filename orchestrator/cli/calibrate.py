@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .table import Column, hidden_note, render_table, terminal_width, use_style, wrap_text
+from .table import Column, table_with_note, terminal_width, use_style, wrap_text
 
 
 @click.command(name="calibrate")
@@ -45,11 +45,6 @@ def command(sources, out_path: str, warmup: int | None, as_json: bool, wide: boo
                                       f"{result.error_after_pct:.1f}% calibrated", width)]))
 
 
-def _table(columns, rows, title, width, wide, style) -> str:
-    table = render_table(columns, rows, width=width, wide=wide, title=title, style=style)
-    return table.text + ("\n" + hidden_note(table.hidden, width) if table.hidden else "")
-
-
 def terms_table(result, width: int, wide: bool, style: bool) -> str:
     from ..estimate.cost import CostModel
 
@@ -58,7 +53,7 @@ def terms_table(result, width: int, wide: bool, style: bool) -> str:
     rows = [[name, "catalog" if getattr(default, name) is None else f"{getattr(default, name):.4g}", f"{value:.4g}"]
             for name, value in result.fitted.items()]
     title = f"fitted cost-model terms ({result.cluster['gpu']}, {result.cluster['precision']})"
-    return _table(columns, rows, title, width, wide, style)
+    return table_with_note(columns, rows, title, width, wide, style)
 
 
 QUANTITY_COLUMNS = ("step_time_s", "compute_s", "dp_reduction_s")
@@ -75,4 +70,5 @@ def runs_table(result, width: int, wide: bool, style: bool) -> str:
             cells.append("-" if meas is None else
                          f"{meas:.4g}: {run['predicted_before'][key]:.4g} -> {run['predicted_after'][key]:.4g}")
         rows.append(cells)
-    return _table(columns, rows, "measured: predicted by default -> calibrated (seconds per step)", width, wide, style)
+    title = "measured: predicted by default -> calibrated (seconds per step)"
+    return table_with_note(columns, rows, title, width, wide, style)

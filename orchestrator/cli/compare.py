@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .table import Column, bold, hidden_note, render_table, terminal_width, use_style, wrap_text
+from .table import Column, bold, table_with_note, terminal_width, use_style, wrap_text
 
 GiB = 2**30
 
@@ -64,11 +64,6 @@ def warmup_line(result) -> str:
     return f"warm-up: {result.warmup_rule}; steps measured: {kept}"
 
 
-def _table(columns, rows, title, width, wide, style) -> str:
-    table = render_table(columns, rows, width=width, wide=wide, title=title, style=style)
-    return table.text + ("\n" + hidden_note(table.hidden, width) if table.hidden else "")
-
-
 def diff_table(result, width: int, wide: bool, style: bool) -> str:
     diff = result.diff
     columns = [Column("field", "left", keep=True, wrap=True)] + [
@@ -77,7 +72,7 @@ def diff_table(result, width: int, wide: bool, style: bool) -> str:
     rows += [[row["path"], *[_value(v) for v in row["values"]]] for row in diff["spec"]]
     if not rows:
         rows = [["(nothing: same layout and spec)", *["" for _ in result.runs]]]
-    return _table(columns, rows, "what differs", width, wide, style)
+    return table_with_note(columns, rows, "what differs", width, wide, style)
 
 
 def _value(value) -> str:
@@ -104,7 +99,7 @@ def measured_table(result, width: int, wide: bool, style: bool) -> str:
         rows.append([cells[c.header] for c in MEASURED_COLUMNS])
     title = ("measured (medians over the steps after warm-up; p90 of the step time; peak memory; exposed "
              "communication as in the step breakdown below)")
-    return _table(MEASURED_COLUMNS, rows, title, width, wide, style)
+    return table_with_note(MEASURED_COLUMNS, rows, title, width, wide, style)
 
 
 # comm_exposed_s is shown once, as the breakdown's "exposed comm" (the figure the step time adds up from).
@@ -134,7 +129,8 @@ def prediction_table(run, width: int, wide: bool, style: bool) -> str:
     for key, name in BREAKDOWN_ROWS:
         pred, meas = run.breakdown_predicted.get(key), run.breakdown_measured.get(key)
         rows.append([name, _fmt(pred, "{:.4g}"), _fmt(meas, "{:.4g}"), _pct(error_pct(pred, meas))])
-    return _table(PREDICTION_COLUMNS, rows, f"{run.label}: predicted (plan.json) vs measured", width, wide, style)
+    title = f"{run.label}: predicted (plan.json) vs measured"
+    return table_with_note(PREDICTION_COLUMNS, rows, title, width, wide, style)
 
 
 def _fmt(value, fmt: str) -> str:

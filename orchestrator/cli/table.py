@@ -114,6 +114,13 @@ def hidden_note(hidden: Sequence[str], width: int) -> str:
     return wrap_text(f"(not shown at {width} columns: {', '.join(hidden)}; --wide shows every column)", width)
 
 
+def table_with_note(columns: Sequence[Column], rows: Sequence[Sequence[str]], title: str, width: int, wide: bool,
+                    style: bool) -> str:
+    """The table followed by its hidden_note, when it left columns out."""
+    table = render_table(columns, rows, width=width, wide=wide, title=title, style=style)
+    return table.text + ("\n" + hidden_note(table.hidden, width) if table.hidden else "")
+
+
 def _fit(columns: Sequence[Column], natural: list[int], width: int) -> list[int]:
     """Indices of the columns to show: every `keep` column, then the others by priority while they fit."""
     chosen = [i for i, c in enumerate(columns) if c.keep]

@@ -28,6 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from ..node import host_name, mem_available_bytes
+from ..train.trainer import write_json
 
 REQUEST_DIR = "doctor"
 # (cpu, gpu) per mode: GEMM side, GEMM seconds, windows, collective bytes, iterations, latency iterations.
@@ -235,12 +236,6 @@ def _comm(torch, dist, placement, rank: int, device, size: dict, sync, full: boo
                     pairs.append({"nodes": [a, b], "ranks": [ra, rb], **pair})
             dist.barrier()
     return comm, pairs
-
-
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,9 +23,10 @@ from pathlib import Path
 
 from ..errors import OrchError
 from ..launch import backend_module
-from ..launch.base import LOG_DIR, CommandRunner, JobRecord, tail_lines
+from ..launch.base import LOG_DIR, CommandRunner, JobRecord, LaunchPlan, tail_lines
 from ..rundir import RunDir, read_run_dir
-from .probe import REQUEST_DIR, request_path, result_path, write_json
+from ..train.trainer import write_json
+from .probe import REQUEST_DIR, request_path, result_path
 from .report import DEFAULT_THRESHOLD, build_report
 
 DOCTOR_FILE = "doctor.json"
@@ -109,7 +110,6 @@ def _timeout_problem(what: str, timeout_s: float, log: Path) -> dict:
 
 def _local(run: RunDir, token: str, timeout_s: float, runner: CommandRunner, note):
     from ..launch.local import free_port  # noqa: PLC0415
-    from ..launch.base import LaunchPlan  # noqa: PLC0415
 
     plan = LaunchPlan(backend="local", argv=["bash", "launch_local.sh"], cwd=run.path,
                       env=_env(token, MASTER_PORT=str(free_port())))
@@ -125,7 +125,6 @@ def _local(run: RunDir, token: str, timeout_s: float, runner: CommandRunner, not
 
 def _pdsh(run: RunDir, token: str, timeout_s: float, runner: CommandRunner, note):
     from ..launch import pdsh  # noqa: PLC0415
-    from ..launch.base import LaunchPlan  # noqa: PLC0415
 
     target = pdsh.target_of(run)
     hosts = list(target.hosts)

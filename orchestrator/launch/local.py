@@ -85,9 +85,10 @@ def _recorded_stop(record: JobRecord) -> JobState | None:
     """The trainer's own word on a non-zero exit: it checkpointed and stopped (exit 75) during this launch:
     CANCELLED when `orch cancel` asked for it, else PREEMPTED (a signal from elsewhere)."""
     from ..train.signals import EXIT_PREEMPTED  # noqa: PLC0415
+    from ..train.trainer import STATUS_FILE  # noqa: PLC0415
 
     try:
-        status_record = json.loads((Path(record.run_dir) / "train_status.json").read_text())
+        status_record = json.loads((Path(record.run_dir) / STATUS_FILE).read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(status_record, dict) or status_record.get("exit_code") != EXIT_PREEMPTED or \

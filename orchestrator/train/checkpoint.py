@@ -88,12 +88,13 @@ def step_problem(ckpt_dir: Path, step: int, *, trust_unlisted: bool = False) -> 
         return "missing"
     try:
         listed = json.loads((step_dir / CHECKPOINT_MANIFEST).read_text())["files"]
-        assert isinstance(listed, dict)
+        if not isinstance(listed, dict):
+            raise TypeError("files is not a mapping")
     except FileNotFoundError:
         if not trust_unlisted:
             return f"incomplete (no {CHECKPOINT_MANIFEST}: the job stopped while saving it)"
         listed = _files(step_dir)
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+    except (OSError, ValueError, KeyError, TypeError):
         return f"{CHECKPOINT_MANIFEST} is unreadable"
     present = _files(step_dir)
     for name, size in listed.items():

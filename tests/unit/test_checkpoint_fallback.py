@@ -91,6 +91,19 @@ def test_a_checkpoint_from_before_manifests_is_trusted_only_where_latest_points(
     assert checkpoint.resume_choice(ckpt).step == 4
 
 
+def test_a_manifest_whose_files_is_not_a_mapping_is_unreadable_even_under_python_O(ckpt):
+    """The check is not an assert: `python -O` (asserts stripped) must still refuse it, not crash."""
+    import subprocess
+    import sys
+
+    (ckpt / checkpoint.tag_for(12) / checkpoint.CHECKPOINT_MANIFEST).write_text('{"step": 12, "files": ["x"]}')
+    code = ("import sys; from orchestrator.train import checkpoint; "
+            "print(checkpoint.step_problem(sys.argv[1], 12))")
+    out = subprocess.run([sys.executable, "-O", "-c", code, str(ckpt)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "is unreadable" in out.stdout
+
+
 def test_verification_at_write_refuses_a_bad_file(tmp_path):
     ckpt = tmp_path / "c"
     _save(ckpt, 4, manifest=False)
