@@ -90,14 +90,16 @@ def test_plan_imports_no_training_stack():
 
 def test_doctor_help_and_status_import_no_training_stack(tmp_path):
     """`orch doctor --help` and `orch status` stay on the fast path: the probe's torch is imported on the ranks."""
-    code = ("import sys\nfrom orchestrator.cli import main\n"
+    code = ("import sys\nfrom orchestrator.cli import main\nfrom orchestrator.launch.base import JobRecord\n"
+            "JobRecord(backend='local', job_id='4194000', run_dir=sys.argv[1], submitted_unix=0.0).save()\n"
             "for argv in (['doctor', '--help'], ['status', sys.argv[1]]):\n"
             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
             "heavy = [m for m in ('torch', 'deepspeed', 'megatron', 'wandb') if m in sys.modules]\n"
             "sys.stderr.write(repr(heavy))\n")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
-    assert "Usage:" in proc.stdout and proc.stderr.strip().endswith("[]"), proc.stdout + proc.stderr
+    assert "Usage:" in proc.stdout and "local job 4194000:" in proc.stdout, proc.stdout + proc.stderr  # status ran
+    assert proc.stderr.strip().endswith("[]"), proc.stdout + proc.stderr
 
 
 def test_uneven_split_in_plan_json_and_generated_run_dir(tmp_path, capsys):
