@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .comm import NCCL_BASE_US, NCCL_HOP_US, US, Placement, all_gather_s, group_placement
-from .compute import (KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, MlpTimes, activation_bytes, linear_times_s, linears_time_s, matmul_time_s, mlp_linear_shapes)
+from .compute import (KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, MlpTimes, activation_times_s, linear_times_s, linears_time_s, matmul_time_s, mlp_linear_shapes)
 from .hardware import Hardware
 from .params import ModelShape
 
@@ -114,16 +114,16 @@ def moe_mlp_times(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, et
     route_bytes = 4 * work.tokens * moe.num_experts * 4          # fp32 scores: softmax and top-k, r/w
     permute_bytes = 2 * 2 * e * work.tokens * moe.router_topk * h  # permute + unpermute, read + write
     expert_f, expert_b = _grouped_expert_times(shape, gemm, work, etp)
-    act_f, act_b = activation_bytes(shape, e, work.routed_rows, moe.expert_ffn / etp)
-    fwd = router_f + expert_f + (route_bytes + permute_bytes + act_f) / hw.hbm_Bps
-    bwd = router_b + expert_b + (route_bytes + permute_bytes + act_b) / hw.hbm_Bps
+    act_f, act_b = activation_times_s(shape, hw, work.routed_rows, moe.expert_ffn / etp)
+    fwd = router_f + expert_f + (route_bytes + permute_bytes) / hw.hbm_Bps + act_f
+    bwd = router_b + expert_b + (route_bytes + permute_bytes) / hw.hbm_Bps + act_b
     fwd += (ROUTER_KERNELS + work.local_experts) * hw.kernel_gap_s
     bwd += (ROUTER_KERNELS + 2 * work.local_experts) * hw.kernel_gap_s
     mm = router_f + expert_f
     if moe.shared_ffn:
         sf, sb, smm = linears_time_s(work.tokens * tp, mlp_linear_shapes(shape, moe.shared_ffn, tp), gemm)
-        sa_f, sa_b = activation_bytes(shape, e, work.tokens * tp, moe.shared_ffn / tp)
-        fwd, bwd, mm = fwd + sf + sa_f / hw.hbm_Bps, bwd + sb + sa_b / hw.hbm_Bps, mm + smm
+        sa_f, sa_b = activation_times_s(shape, hw, work.tokens * tp, moe.shared_ffn / tp)
+        fwd, bwd, mm = fwd + sf + sa_f, bwd + sb + sa_b, mm + smm
     return MlpTimes(fwd, bwd, mm)
 
 
