@@ -108,9 +108,11 @@ def test_fine_grained_moe_layer_takes_at_least_its_host_launch_time():
 
 
 def test_fp8_keeps_routed_expert_inputs_in_fp8_so_nvidias_layout_fits_without_recompute():
-    """Megatron-Bridge's Qwen3-30B-A3B H100 FP8 recipe runs pp 2, vp, ep 8, mb 2 with recompute off: the
-    grouped expert linears keep their inputs (the routed token copies) in fp8."""
-    case = next(c for c in CASES if c["id"] == "mbridge2511_qwen3_30b_a3b_fp8")
+    """Megatron-Bridge's 25.09 Qwen3-30B-A3B H100 FP8 harness runs pp 2, vp 24, ep 8, mb 2 with recompute off
+    (scripts/performance/configs/qwen3/qwen3_30b_a3b_llm_pretrain.yaml, commit fa0315ae2): the grouped expert
+    linears keep their inputs (the routed token copies) in fp8."""
+    case = next(c for c in CASES if c["id"] == "mbridge2509_qwen3_30b_a3b_tokendrop")
+    assert case["mbs"] == 2
     data = _data(layout_case_spec(case))
     data["parallelism"].update(recompute="none", expert_tensor=1)
     fp8 = parse_spec(data)
