@@ -11,7 +11,7 @@ Table 1 gives no iteration times; the implied one (eq. 3 FLOPs / (published TFLO
 
 Then, labelled "not in the reference file" and outside the error statistics, published runs from
 :data:`orchestrator.published.EXTRA_CASES` (BLOOM-176B: 70 layers on pp 12, an uneven 5 + 10 x 6 + 5
-split), predicted the same way without tuning anything.
+split; MT-NLG 530B; Table 2's 530B ZeRO-3 rows), predicted the same way without tuning anything.
 
 Last, the error of tokens/s per regime (orchestrator.estimate.uncertainty.REGIMES) over every throughput
 run: all of the reference file (Table 1, the Table 2 ZeRO-3 rows, ...), the extra published runs and the
