@@ -170,7 +170,7 @@ def print_extra_cases() -> None:
         hardware = est.flops.hardware_flops / (est.step_time_s * gpus) / 1e12
         split = stage_split(case["model"]["layers"], lay.pp, lay.first_stage_layers, lay.last_stage_layers)
         err = hardware / pub["tflops_per_gpu"] - 1
-        print(f"{case['id']:<24} {pub['tflops_per_gpu']:9.1f} {hardware:9.1f} {err:+7.1%}  "
+        print(f"{case['id']:<38} {pub['tflops_per_gpu']:9.1f} {hardware:9.1f} {err:+7.1%}  "
               f"{lay.tag():<28} stage layers {split.describe()}; model FLOPs {est.tflops_per_gpu:.1f} TFLOP/s "
               f"per GPU, {est.step_time_s:.1f} s/step, busiest memory: {est.memory.stage} stage "
               f"{est.memory.total_bytes / 2**30:.1f} GiB")

@@ -338,13 +338,15 @@ def _legacy_zero3_gathers(w: DataParallelWork, pl: Placement, overlap: float, hw
     from .engines import DS_MAX_REUSE_DISTANCE, ds_zero3_fetch_schedule  # noqa: PLC0415
 
     rt, layers, n = w.zero3, max(1, w.layers), pl.size
+    if w.param_elements <= 0:
+        return LegacyGathers(0.0, 0.0, 0.0, 0.0, 0.0, 0)
     modules = w.modules or (round(w.param_elements / (4 * layers + 1)),) * 4
     emb = max(0.0, w.param_elements - layers * sum(modules)) if w.modules else w.param_elements / (4 * layers + 1)
     events = ds_zero3_fetch_schedule(modules, layers, w.full_recompute, DS_MAX_REUSE_DISTANCE, rt.max_live,
                                      rt.prefetch_elements)
     recompute = w.forward_window_s / layers if w.full_recompute else 0.0
     share = {"f": w.forward_window_s / layers, "r": recompute, "b": w.backward_window_s / layers - recompute}
-    per_layer = float(sum(modules))
+    per_layer = float(sum(modules)) or 1.0
 
     def gather(elements: float) -> tuple[float, float]:
         """(NCCL time, host time) of one gather of ``elements``."""
