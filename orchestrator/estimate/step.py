@@ -39,7 +39,7 @@ from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
-from .params import (ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank,
+from .params import (ModelShape, ParamsEstimate, ds_layer_modules, estimate_params, expert_params_per_layer_per_rank,
                      largest_module_per_rank, model_shape)
 from .pipeline import bubble_fraction, pipeline_time_s
 from .precision import FP8_RECIPE, fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
@@ -422,7 +422,8 @@ def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_win
         backward_window_s=backward_window_s, backward_gather_passes=ds_backward_gather_passes(ctx, lay, layers),
         bucket_all_reduce=engine == "deepspeed" and (ds_bucket_all_reduce(ctx.engine_version) or bf16_opt),
         zero3=ds_zero3_runtime(ctx.engine_version) if engine == "deepspeed" and lay.zero_stage == 3 else None,
-        rank_host_s=ctx.cost.ds_list_rank_host_s)
+        rank_host_s=ctx.cost.ds_list_rank_host_s,
+        modules=ds_layer_modules(ctx.shape, lay.tp) if engine == "deepspeed" and lay.zero_stage == 3 else ())
 
 
 # Layouts that differ only in what the DP traffic does not see (interleaving, splits) share its cost.
