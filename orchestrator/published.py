@@ -97,9 +97,10 @@ def zero3_530b_case(gpus: int, batch: int, micro_batch: int, tflops: float) -> d
 # Why the MT-NLG rows ran DeepSpeed 0.5.x.
 MT_NLG_DEEPSPEED_SOURCE = (
     "not stated in the paper; the model was announced 2021-10-11 (Microsoft Research blog) after training on "
-    "Selene, so a release no later than v0.5.4 (tag 2021-10-06); v0.5.0-v0.5.4 share the ZeRO-1 path the cost "
-    "model distinguishes (runtime/zero/stage2.py average_tensor: one reduce per partition owner, not a bucket "
-    "all-reduce; estimate/engines.py ds_bucket_all_reduce)")
+    "Selene, so a release no later than v0.5.4 (tag 2021-10-06); v0.4.4-v0.5.4 share the ZeRO-1 path the cost "
+    "model distinguishes (engine.py forces contiguous_gradients off for stage 1, so runtime/zero/stage2.py "
+    "reduce_ipg_grads takes buffered_reduce_fallback: an all-reduce of each gradient bucket; estimate/engines.py "
+    "ds_bucket_all_reduce) and the partitioned pipeline hand-overs (estimate/engines.py ds_pipe_partitioned)")
 
 
 def _mt_nlg(nodes: int, iteration_s: float, tflops: float) -> dict:
