@@ -213,28 +213,45 @@ def ds_pipeline_host_exposed(engine: str, pp: int) -> bool:
     return engine == "deepspeed" and pp > 1
 
 
-# DeepSpeed's pipeline engine with tensor parallelism hands activations and gradients over as
-# ``PartitionedTensor``s (pipe/engine.py: ``is_pipe_partitioned = is_grad_partitioned = is_model_parallel`` in
-# v0.4.x-v0.9.x; from v0.10 behind the ``pipeline.pipe_partitioned`` / ``grad_partitioned`` config keys, both
-# true by default, v0.16.4 runtime/config.py): the sender keeps its 1/tp slice (runtime/utils.py
+# DeepSpeed's pipeline engine with tensor parallelism hands activations over as ``PartitionedTensor``s
+# (pipe/engine.py ``is_pipe_partitioned = is_model_parallel`` since v0.3; from v0.13 behind the
+# ``pipeline.pipe_partitioned`` config key, true by default): the sender keeps its 1/tp slice (runtime/utils.py
 # PartitionedTensor._partition_tensor) and sends two tensors, ``to_meta()`` (a LongTensor of 2 + ndim + tp + 1
 # elements) and the slice; the receiver rebuilds the full tensor with ``full()``: a ``torch.zeros`` buffer and one
-# all-gather over the tp group. Per micro-batch a middle stage runs (v0.5.4 _exec_forward_pass,
-# _exec_backward_pass, _exec_send_*/_exec_recv_*):
-# * 4 blocking sends/receives of a slice (RecvActivation, SendActivation, RecvGrad, SendGrad), each preceded by
-#   its meta tensor's own send/receive: 4 more p2p calls, latency-bound;
-# * 3 tp all-gathers, not 4: the received input (forward), and in the backward the stage's own output (its
-#   ``.data`` was freed after partitioning and is re-gathered to restore the graph) and the received gradient;
-#   a send does not gather.
-DS_PIPE_TRANSFERS_PER_MICROBATCH = 4
-DS_PIPE_TP_GATHERS_PER_MICROBATCH = 3
+# all-gather over the tp group. Gradients are partitioned the same way from v0.5.4 (``is_grad_partitioned =
+# is_model_parallel``, PR #1407 "Big science related changes", 2021-09-29; ``pipeline.grad_partitioned`` from
+# v0.13); before, SendGrad sends the full gradient and RecvGrad receives it. Per micro-batch a middle stage runs
+# (v0.5.3 and v0.5.4 _exec_forward_pass, _exec_backward_pass, _exec_send_*/_exec_recv_*), four blocking
+# transfers in all (RecvActivation, SendActivation, RecvGrad, SendGrad):
+# * v0.5.4 on: 4 slices, each after its meta tensor's own send/receive (latency-bound), and 3 tp all-gathers:
+#   the received input (forward), and in the backward the stage's own output (its ``.data`` was freed after
+#   partitioning and is re-gathered to restore the graph) and the received gradient; a send does not gather;
+# * before: 2 slices with their metas (the activations), 2 full gradients, and 2 all-gathers (the received
+#   input; the stage's own output, re-gathered at RecvGrad).
+DS_PIPE_GRAD_PARTITIONED_SINCE = (0, 5, 4)
 DS_PIPE_META_BYTES_PER_RANK = 8           # one int64 per tp rank ...
 DS_PIPE_META_BYTES_FIXED = 8 * (2 + 3 + 1)  # ... plus ndim, the shape (3 dims), num_parts and the rank
+
+
+@dataclass(frozen=True)
+class PipeHandOvers:
+    """What a middle stage of DeepSpeed's pipeline engine sends, receives and gathers per micro-batch (tp > 1)."""
+
+    slices: int      # 1/tp slices sent or received, each with its meta tensor
+    full: int        # full tensors sent or received (unpartitioned gradients)
+    gathers: int     # tp all-gathers rebuilding a full tensor
 
 
 def ds_pipe_partitioned(engine: str, tp: int) -> bool:
     """DeepSpeed's pipeline engine sends PartitionedTensors between stages (above): deepspeed with tp > 1."""
     return engine == "deepspeed" and tp > 1
+
+
+def ds_pipe_hand_overs(version: str | None) -> PipeHandOvers:
+    """The partitioned hand-overs of DeepSpeed ``version`` per micro-batch (above)."""
+    if ds_version(version) >= DS_PIPE_GRAD_PARTITIONED_SINCE:
+        return PipeHandOvers(slices=4, full=0, gathers=3)
+    return PipeHandOvers(slices=2, full=2, gathers=2)
 
 
 def ds_pipe_meta_bytes(tp: int) -> int:

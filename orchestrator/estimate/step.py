@@ -29,9 +29,9 @@ from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, 
                    tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import (DS_PIPE_TP_GATHERS_PER_MICROBATCH, DS_PIPE_TRANSFERS_PER_MICROBATCH, ds_bucket_all_reduce,
-                      ds_pipe_meta_bytes, ds_pipe_partitioned, ds_pipeline_host_exposed,
-                      ds_pipeline_reduces_after_flush, ds_zero3_runtime, grad_reduce_bytes)
+from .engines import (PipeHandOvers, ds_bucket_all_reduce, ds_pipe_hand_overs, ds_pipe_meta_bytes,
+                      ds_pipe_partitioned, ds_pipeline_host_exposed, ds_pipeline_reduces_after_flush,
+                      ds_zero3_runtime, grad_reduce_bytes)
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .ds_runtime import (ds_backward_gather_passes, hp_grad_copies_s, offload_host_s, sharding_stage,
@@ -402,7 +402,7 @@ def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, to
                                          sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
     x = p2p_transfers_per_microbatch(ctx.engine, lay.vpp) * one_s
     if ds_pipe_partitioned(ctx.engine, tp) and not lay.sequence_parallel:
-        x = ds_partitioned_transfers_s(one_bytes, tp, tp_pl, inter, hw)
+        x = ds_partitioned_transfers_s(ds_pipe_hand_overs(ctx.engine_version), one_bytes, tp, tp_pl, inter, hw)
     pp_bytes, pp_s, emb_sync = 2 * lay.vpp * m * one_bytes, m * x, 0.0
     if shape.tie_embeddings:
         # BF16_Optimizer reduces the fp32 copy of the tied gradient (engines.py)
@@ -422,7 +422,8 @@ def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_win
         grad_bytes=grad_reduce_bytes(engine, ctx.precision, dtype_bytes), layers=layers,
         num_microbatches=m, full_recompute=lay.recompute == "full", forward_window_s=forward_window_s,
         backward_window_s=backward_window_s, backward_gather_passes=ds_backward_gather_passes(ctx, lay, layers),
-        bucket_all_reduce=engine == "deepspeed" and (ds_bucket_all_reduce(ctx.engine_version, lay.zero_stage) or bf16_opt),
+        bucket_all_reduce=engine == "deepspeed" and (ds_bucket_all_reduce(ctx.engine_version, lay.zero_stage)
+                                                     or bf16_opt),
         zero3=ds_zero3_runtime(ctx.engine_version) if engine == "deepspeed" and lay.zero_stage == 3 else None,
         rank_host_s=ctx.cost.ds_list_rank_host_s)
 
@@ -455,14 +456,14 @@ def dp_overlap_fraction(cost: CostModel, hw: Hardware) -> float:
     return 0.0 if hw.link == "loopback" else cost.dp_overlap
 
 
-def ds_partitioned_transfers_s(slice_bytes: float, tp: int, tp_pl: Placement, inter_node: bool, hw: Hardware) -> float:
+def ds_partitioned_transfers_s(hand: PipeHandOvers, slice_bytes: float, tp: int, tp_pl: Placement, inter_node: bool,
+                               hw: Hardware) -> float:
     """Per micro-batch, a middle stage's pipeline transfers on DeepSpeed's pipeline engine with tp > 1
-    (engines.ds_pipe_partitioned): DS_PIPE_TRANSFERS_PER_MICROBATCH blocking sends/receives of a 1/tp slice,
-    each after its meta tensor's own, and DS_PIPE_TP_GATHERS_PER_MICROBATCH all-gathers of the full tensor over
-    the tp group (engines.py)."""
-    sends = DS_PIPE_TRANSFERS_PER_MICROBATCH * (p2p_s(slice_bytes, inter_node, hw)
-                                                + p2p_s(ds_pipe_meta_bytes(tp), inter_node, hw))
-    return sends + DS_PIPE_TP_GATHERS_PER_MICROBATCH * all_gather_s(slice_bytes * tp, tp_pl, hw)
+    (engines.ds_pipe_hand_overs): blocking sends/receives of 1/tp slices, each after its meta tensor's own, of
+    full tensors (unpartitioned gradients, before 0.5.4), and tp all-gathers rebuilding the full tensor."""
+    slices = hand.slices * (p2p_s(slice_bytes, inter_node, hw) + p2p_s(ds_pipe_meta_bytes(tp), inter_node, hw))
+    full = hand.full * p2p_s(slice_bytes * tp, inter_node, hw)
+    return slices + full + hand.gathers * all_gather_s(slice_bytes * tp, tp_pl, hw)
 
 
 def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:

@@ -157,7 +157,7 @@ def test_partitioned_hand_overs_gather_three_times_per_micro_batch():
     """With tp > 1 DeepSpeed sends a 1/tp slice after its meta tensor and the receiver all-gathers it: per
     micro-batch 4 slices, 4 metas and 3 tp all-gathers (a send does not gather) on a middle stage."""
     from orchestrator.estimate.comm import all_gather_s, group_placement, p2p_s
-    from orchestrator.estimate.engines import ds_pipe_meta_bytes, ds_pipe_partitioned
+    from orchestrator.estimate.engines import ds_pipe_hand_overs, ds_pipe_meta_bytes, ds_pipe_partitioned
 
     spec = _spec("deepspeed")
     hw = EstimateContext.of(spec).hw
@@ -172,3 +172,17 @@ def test_partitioned_hand_overs_gather_three_times_per_micro_batch():
     assert per_microbatch == pytest.approx(4 * (send + meta) + 3 * gather, rel=1e-6)
     assert ds_pipe_meta_bytes(8) == 8 * (2 + 3 + 1 + 9) and not ds_pipe_partitioned("deepspeed", 1)
     assert not ds_pipe_partitioned("megatron", 8)
+    assert ds_pipe_hand_overs(None) == ds_pipe_hand_overs("0.5.4")
+
+
+def test_gradients_go_whole_between_stages_before_deepspeed_0_5_4():
+    """Before PR #1407 (v0.5.4) SendGrad sends the full gradient and only the activations travel in slices:
+    2 slices, 2 full tensors and 2 gathers per micro-batch; the full sends cost more than the gather they save."""
+    from orchestrator.estimate.engines import PipeHandOvers, ds_pipe_hand_overs
+
+    assert ds_pipe_hand_overs("0.5.3") == ds_pipe_hand_overs("0.5") == PipeHandOvers(slices=2, full=2, gathers=2)
+    assert ds_pipe_hand_overs("0.5.4") == PipeHandOvers(slices=4, full=0, gathers=3)
+    spec = _spec("deepspeed")
+    old = estimate(EstimateContext.of(spec, engine_version="0.5.3"), LAYOUT)
+    new = estimate(EstimateContext.of(spec, engine_version="0.5.4"), LAYOUT)
+    assert old.comm.pp_exposed_s > new.comm.pp_exposed_s and old.step_time_s > new.step_time_s
