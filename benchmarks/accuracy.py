@@ -11,7 +11,7 @@ Table 1 gives no iteration times; the implied one (eq. 3 FLOPs / (published TFLO
 
 Then, labelled "not in the reference file" and outside the error statistics, published runs from
 :data:`orchestrator.published.EXTRA_CASES` (BLOOM-176B: 70 layers on pp 12, an uneven 5 + 10 x 6 + 5
-split), predicted the same way without tuning anything.
+split; MT-NLG 530B; Table 2's 530B ZeRO-3 rows), predicted the same way without tuning anything.
 
 Last, the error of tokens/s per regime (orchestrator.estimate.uncertainty.REGIMES) over every throughput
 run: all of the reference file (Table 1, the Table 2 ZeRO-3 rows, ...), the extra published runs and the
@@ -170,7 +170,7 @@ def print_extra_cases() -> None:
         hardware = est.flops.hardware_flops / (est.step_time_s * gpus) / 1e12
         split = stage_split(case["model"]["layers"], lay.pp, lay.first_stage_layers, lay.last_stage_layers)
         err = hardware / pub["tflops_per_gpu"] - 1
-        print(f"{case['id']:<24} {pub['tflops_per_gpu']:9.1f} {hardware:9.1f} {err:+7.1%}  "
+        print(f"{case['id']:<38} {pub['tflops_per_gpu']:9.1f} {hardware:9.1f} {err:+7.1%}  "
               f"{lay.tag():<28} stage layers {split.describe()}; model FLOPs {est.tflops_per_gpu:.1f} TFLOP/s "
               f"per GPU, {est.step_time_s:.1f} s/step, busiest memory: {est.memory.stage} stage "
               f"{est.memory.total_bytes / 2**30:.1f} GiB")

@@ -33,6 +33,7 @@ from .estimate.comm import group_placement
 from .estimate.cost import CostModel
 from .estimate.params import active_layer_matrix_params
 from .estimate.plausibility import mfu_warnings
+from .estimate.precision import FP8_RECIPE
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
 from .estimate.uncertainty import plus_minus
 from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
@@ -74,11 +75,13 @@ class _Scored:
 
 
 def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
-           engine_version: str | None = None, ep_a2a_overlap: bool = True) -> SearchResult:
+           engine_version: str | None = None, ep_a2a_overlap: bool = True,
+           fp8_recipe: str = FP8_RECIPE) -> SearchResult:
     """Rank the layouts of ``spec`` that fit; NoFitError when none does. ``engine_version``: the DeepSpeed
     release a published run used (EstimateContext.engine_version); None: the one orch writes for.
-    ``ep_a2a_overlap``: False for a published run without Megatron's EP all-to-all overlap."""
-    ctx = EstimateContext.of(spec, cost, engine_version, ep_a2a_overlap)
+    ``ep_a2a_overlap``: False for a published run without Megatron's EP all-to-all overlap; ``fp8_recipe``: the
+    FP8 scaling recipe a published run used (default: the one orch writes)."""
+    ctx = EstimateContext.of(spec, cost, engine_version, ep_a2a_overlap, fp8_recipe)
     rejected: list[Problem] = []
     scored = [_score(ctx, lay) for lay in enumerate_layouts(spec, rejected)]
     if not scored:

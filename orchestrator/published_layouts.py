@@ -6,7 +6,9 @@ optimizer, ZeRO-1), and the tokens/s per GPU reported. What the tables do not pu
 tensor parallelism; micro-batch and virtual stages where a case has them null) stays open for the planner.
 A case with no preset names its shape in ``model`` (spec model fields; the BF16 runs of Megatron-LM's README). Sources are in each case's ``source``; a case whose
 recipe ran without Megatron's EP all-to-all overlap (which orch generates wherever it can) says so
-(``ep_a2a_overlap: false``) and is predicted that way (:func:`predicted_layout`).
+(``ep_a2a_overlap: false``) and is predicted that way (:func:`predicted_layout`); so does a MoE case whose
+recipe used another FP8 scaling recipe than the delayed scaling orch writes (``fp8_recipe: "tensorwise"``,
+NVIDIA's "FP8-CS"), which the model reads for the experts' host launches.
 
 Llama 3.1 405B (126 layers) on pp 8 with 8 virtual stages ran with Megatron's
 --account-for-embedding/loss-in-pipeline-split (128 "layers"): its spec sets
@@ -19,6 +21,7 @@ import json
 from pathlib import Path
 
 from .estimate.params import ModelShape, MoEShape
+from .estimate.precision import FP8_RECIPE
 from .spec import Spec, parse_spec
 from .stages import accounted_split, balanced_split
 
@@ -46,9 +49,10 @@ def layout_case_spec(case: dict, *, published_layout: bool = True) -> Spec:
 def predicted_layout(case: dict) -> dict:
     """The cost model's LAYOUT record for a case as its run was configured: the published layout, and
     without Megatron's EP all-to-all overlap where the case says its recipe ran without it
-    (``ep_a2a_overlap: false``, with the recipe in its source)."""
+    (``ep_a2a_overlap: false``, with the recipe in its source), with the case's FP8 scaling recipe."""
     from .planner import search  # noqa: PLC0415
-    return search(layout_case_spec(case), top_k=1, ep_a2a_overlap=case.get("ep_a2a_overlap", True)).chosen.to_dict()
+    return search(layout_case_spec(case), top_k=1, ep_a2a_overlap=case.get("ep_a2a_overlap", True),
+                  fp8_recipe=case.get("fp8_recipe", FP8_RECIPE)).chosen.to_dict()
 
 
 def _published_parallelism(case: dict) -> dict:

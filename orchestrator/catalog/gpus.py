@@ -65,6 +65,9 @@ class GpuSpec:
     tp_comm_overlap: bool = False             # Transformer Engine userbuffers can overlap TP comm with GEMMs
     runtime_bytes: int | None = None          # framework runtime per process; None: the cost model's CUDA context
     fp8_training: bool = False                # FP8 training through Transformer Engine (Hopper or newer)
+    # Elements per second of the tanh-GELU kernel (forward; backward alike) where it is bound by its
+    # arithmetic, not by memory: on a CPU core the tanh costs more than the bytes. None: memory-bound (GPUs).
+    gelu_elems_per_s: float | None = None
     published_mfu: tuple = ()                 # ((model params, MFU), ...) published for 16-bit training (doc)
     published_mfu_source: str = ""
 
@@ -154,7 +157,13 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             "of host memory a process may use; bandwidths are gloo over loopback (~1 GB/s measured, "
             "10M fp32 all_reduce in ~40 ms on 2 processes); one 'SM' (no wave quantisation). Runtime memory: no "
             "CUDA context; python + torch + deepspeed hold ~0.24 GiB of RSS after import and ~0.5 GiB training "
-            "the tiny model (measured): 0.4 GiB",
-            matmul_efficiency=1.0, num_sms=1, sustained_clock_fraction=1.0,
+            "the tiny model (measured): 0.4 GiB. Sustained speed 0.91 of that peak: the host VM's core runs "
+            "145-202 GFLOP/s through the day; the one-core GEMM rate benchmarks/cpu_measure.sh printed before each "
+            "of 8 runs (2026-12-01 06:16-06:20 UTC) was 166-187, median 176.5, and benchmarks/cpu_kernels.py gave "
+            "174-175 for the tiny-gpt's training GEMM shapes (forward, data and weight gradient) at 06:24. "
+            "GeLU (tanh) is bound by its arithmetic here, not by memory: 0.60/0.61 G elements/s forward and "
+            "0.53/0.56 backward (benchmarks/cpu_kernels.py, 2 runs, 06:24 UTC), ~4x its bytes at 19.5 GB/s; SiLU "
+            "runs 2.5-2.6 G elements/s, at its bytes",
+            matmul_efficiency=1.0, num_sms=1, sustained_clock_fraction=0.91, gelu_elems_per_s=0.57e9,
             attention_efficiency=0.25, runtime_bytes=400 * MiB),
 ]}

@@ -218,6 +218,8 @@ class DataParallelWork:
                                         # ZeRO-3 (counted as the current release, all flags off)
     rank_host_s: float = 0.0            # host time per rank of a list collective's Python loop
                                         # (CostModel.ds_list_rank_host_s)
+    modules: tuple[int, ...] = ()       # DeepSpeed ZeRO-3: one layer's gather units in forward order
+                                        # (params.ds_layer_modules); (): 4 equal units a layer
 
 
 def list_copies_s(nbytes: float, n: int, hw: Hardware) -> float:
@@ -274,7 +276,7 @@ def _replicated_params_comm(w: DataParallelWork, pl: Placement, overlap: float, 
 
 def _zero3_comm(w: DataParallelWork, pl: Placement, overlap: float, hw: Hardware) -> DataParallelComm:
     """ZeRO-3 / FSDP: parameters gathered per unit for every forward and backward pass, gradients reduced
-    every micro-batch; DeepSpeed releases before 0.6 as engines.Zero3Runtime says."""
+    every micro-batch; DeepSpeed releases before 0.6 module use by module use (:func:`_legacy_zero3_gathers`)."""
     from .engines import DS_REDUCE_BUCKET_ELEMENTS, gathers_per_layer  # noqa: PLC0415
 
     n, m = pl.size, w.num_microbatches
@@ -284,11 +286,6 @@ def _zero3_comm(w: DataParallelWork, pl: Placement, overlap: float, hw: Hardware
     red_s, red_one, red_calls = bucketed_s(kind, grads, bucket * w.grad_bytes, pl, hw)
     red_bytes = ring_bytes(grads, n, kind)
     units = w.layers * gathers_per_layer(w.engine) + 1                # + the embedding
-    g_s, g_one, _ = bucketed_s("all_gather", params, params / units, pl, hw)
-    passes_b = 2 if w.full_recompute else 1                          # backward re-gathers for the recompute too
-    if w.backward_gather_passes is not None:                         # less what DeepSpeed keeps gathered
-        passes_b = w.backward_gather_passes
-    host = zero3_gather_host_s(w, params / units, n, hw)             # exposed per gather (DeepSpeed < 0.6)
     rt = w.zero3
     if rt is not None and rt.allreduce_gradients:                   # DeepSpeed < 0.4.3: full all-reduce per bucket
         red_s, red_one, red_calls = bucketed_s("all_reduce", grads, DS_REDUCE_BUCKET_ELEMENTS * w.grad_bytes, pl, hw)
@@ -297,26 +294,95 @@ def _zero3_comm(w: DataParallelWork, pl: Placement, overlap: float, hw: Hardware
         red_s, red_one, red_calls = bucketed_s(kind, grads, grads / units, pl, hw)
         red_one += list_copies_s(grads / units, n, hw) + n * w.rank_host_s
         red_s = red_calls * red_one
-    waited = prefetch_waited_share(w, units)                          # gathers the host waits for in a prefetch
-    exposed_f = waited * g_s + max(g_one, (1 - waited) * g_s - hide_f) + units * host
-    exposed_b = waited * passes_b * g_s + max(g_one, (1 - waited) * passes_b * g_s + red_s - hide_b) \
-        + passes_b * units * host
-    per_mb_time = (1 + passes_b) * (g_s + units * host) + red_s
+    if rt is not None and rt.synchronous_fetch:
+        g = _legacy_zero3_gathers(w, pl, overlap, hw)
+        # the reductions share the NCCL stream with the gathers: they hide in what the gathers left
+        exposed_b = g.exposed_b + max(red_one, red_s - max(0.0, hide_b - g.hidden_b))
+        return DataParallelComm(m * (g.bytes + red_bytes), m * (g.time_s + red_s), m * (g.exposed_f + exposed_b),
+                                reduce_s=m * red_s, calls=m * (g.calls + red_calls))
+    g_s, g_one, _ = bucketed_s("all_gather", params, params / units, pl, hw)
+    passes_b = 2 if w.full_recompute else 1                          # backward re-gathers for the recompute too
+    if w.backward_gather_passes is not None:                         # less what DeepSpeed keeps gathered
+        passes_b = w.backward_gather_passes
+    exposed_f = max(g_one, g_s - hide_f)
+    exposed_b = max(g_one, passes_b * g_s + red_s - hide_b)
+    per_mb_time = (1 + passes_b) * g_s + red_s
     per_mb_bytes = (1 + passes_b) * ring_bytes(params, n) + red_bytes
     return DataParallelComm(m * per_mb_bytes, m * per_mb_time, m * (exposed_f + exposed_b), reduce_s=m * red_s,
                             calls=m * (round((1 + passes_b) * units) + red_calls))
 
 
-def prefetch_waited_share(work: DataParallelWork, units: int) -> float:
-    """Share of ZeRO-3 gathers that DeepSpeed before 0.6 runs with nothing to hide behind: a prefetch takes
-    ceil(prefetch_elements / unit) units of the stage's mean gather unit, and each gather after the first
-    waits for the one before in torch.cuda.synchronize(), before the compute is launched; only the last
-    hides (engines.Zero3Runtime). 0 for the current DeepSpeed and for modules larger than the bucket."""
-    rt = work.zero3
-    if rt is None or not rt.synchronous_fetch or not rt.prefetch_elements:
-        return 0.0
-    per_prefetch = max(1, ceil(rt.prefetch_elements / (work.param_elements / units)))
-    return (per_prefetch - 1) / per_prefetch
+@dataclass(frozen=True)
+class LegacyGathers:
+    """The parameter all-gathers of one micro-batch under DeepSpeed before 0.6 (:func:`_legacy_zero3_gathers`)."""
+
+    bytes: float          # sent per GPU
+    time_s: float         # the collectives and the host work around each
+    exposed_f: float      # not hidden in the forward
+    exposed_b: float      # not hidden in the recompute and backward (gathers only)
+    hidden_b: float       # backward compute the hidden gathers ran behind (the reductions share the stream)
+    calls: int
+
+
+def _legacy_zero3_gathers(w: DataParallelWork, pl: Placement, overlap: float, hw: Hardware) -> LegacyGathers:
+    """DeepSpeed ZeRO-3 before 0.6, module use by module use (engines.ds_zero3_fetch_schedule).
+
+    A use's compute is its share (by parameters: its GEMMs) of its layer's forward, recompute or backward
+    window, ``overlap`` of it available to hide behind. A synchronous fetch is exposed whole; a prefetch
+    launched at a use runs behind the compute of the uses up to the one whose fetch waits for it, and all
+    its gathers but the last wait in their own torch.cuda.synchronize() before the compute is launched
+    (PR #1188: "the async version is not async at all"). Every gather pays the host work between the fetch's
+    synchronize and the compute launch, exposed (:func:`zero3_gather_host_s`). The embedding (what the
+    layers leave of the stage's parameters) is gathered once in the forward and once in the backward,
+    exposed, as the first gather of each."""
+    from .engines import DS_MAX_REUSE_DISTANCE, ds_zero3_fetch_schedule  # noqa: PLC0415
+
+    rt, layers, n = w.zero3, max(1, w.layers), pl.size
+    if w.param_elements <= 0:
+        return LegacyGathers(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+    modules = w.modules or (round(w.param_elements / (4 * layers + 1)),) * 4
+    emb = max(0.0, w.param_elements - layers * sum(modules)) if w.modules else w.param_elements / (4 * layers + 1)
+    events = ds_zero3_fetch_schedule(modules, layers, w.full_recompute, DS_MAX_REUSE_DISTANCE, rt.max_live,
+                                     rt.prefetch_elements)
+    recompute = w.forward_window_s / layers if w.full_recompute else 0.0
+    share = {"f": w.forward_window_s / layers, "r": recompute, "b": w.backward_window_s / layers - recompute}
+    per_layer = float(sum(modules)) or 1.0
+
+    def gather(elements: float) -> tuple[float, float]:
+        """(NCCL time, host time) of one gather of ``elements``."""
+        nbytes = elements * w.param_bytes
+        return all_gather_s(nbytes, pl, hw), zero3_gather_host_s(w, nbytes, n, hw)
+
+    ring_s = host_s = hidden_b = pending = behind = 0.0
+    exposed = {"f": 0.0, "b": 0.0}
+    pending_side, gathered = "f", []
+    for side, elements in (("f", emb), ("b", emb)):
+        if elements:
+            ring, host = gather(elements)
+            exposed[side] += ring + host
+            gathered.append(elements)
+    for ev in events:
+        side = "f" if ev.phase == "f" else "b"
+        if ev.waits and pending:
+            exposed[pending_side] += max(0.0, pending - behind)
+            hidden_b += min(pending, behind) if pending_side == "b" else 0.0
+            pending = 0.0
+        for i, elements in enumerate(((ev.gathered,) if ev.gathered else ()) + ev.prefetched):
+            ring, host = gather(elements)
+            gathered.append(elements)
+            last_prefetch = ev.prefetched and i == len(ev.prefetched) - (0 if ev.gathered else 1)
+            exposed[side] += host + (0.0 if last_prefetch else ring)
+            if last_prefetch:
+                pending, pending_side, behind = ring, side, 0.0
+        behind += overlap * share[ev.phase] * ev.elements / per_layer
+    if pending:
+        exposed[pending_side] += max(0.0, pending - behind)
+        hidden_b += min(pending, behind) if pending_side == "b" else 0.0
+    for elements in gathered:
+        ring, host = gather(elements)
+        ring_s, host_s = ring_s + ring, host_s + host
+    total = sum(gathered) * w.param_bytes
+    return LegacyGathers(ring_bytes(total, n), ring_s + host_s, exposed["f"], exposed["b"], hidden_b, len(gathered))
 
 
 def zero3_gather_host_s(work: DataParallelWork, nbytes: float, n: int, hw: Hardware) -> float:

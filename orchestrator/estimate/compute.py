@@ -124,10 +124,15 @@ def linears_time_s(tokens: int, shapes: list[tuple[int, int]], hw: Hardware) -> 
     return fwd, bwd, fwd
 
 
-def activation_bytes(shape: ModelShape, e: int, rows: float, width: float) -> tuple[float, float]:
-    """(forward, backward) HBM bytes of an MLP activation (GeLU, or SwiGLU's gate) over rows x width."""
-    act = rows * width
-    return (3 if shape.gated_mlp else 2) * e * act, (5 if shape.gated_mlp else 3) * e * act
+def activation_times_s(shape: ModelShape, hw: Hardware, rows: float, width: float) -> tuple[float, float]:
+    """(forward, backward) time of an MLP activation (GeLU, or SwiGLU's gate) over rows x width: its memory
+    traffic over the sustained bandwidth, or, for GeLU where the hardware's GeLU rate is known (the CPU
+    target: the tanh costs more than the bytes, catalog ``gelu_elems_per_s``), its elements at that rate."""
+    act, e = rows * width, hw.dtype_bytes
+    fwd, bwd = (3 if shape.gated_mlp else 2) * e * act / hw.hbm_Bps, (5 if shape.gated_mlp else 3) * e * act / hw.hbm_Bps
+    if hw.gelu_elems_per_s and not shape.gated_mlp:
+        fwd, bwd = max(fwd, act / hw.gelu_elems_per_s), max(bwd, act / hw.gelu_elems_per_s)
+    return fwd, bwd
 
 
 @dataclass(frozen=True)
@@ -142,8 +147,8 @@ class MlpTimes:
 def dense_mlp_times(shape: ModelShape, hw: Hardware, tp: int, mb: int, gemm_hw: Hardware | None = None) -> MlpTimes:
     tokens = shape.seq_length * mb
     fwd, bwd, mm = linears_time_s(tokens, mlp_linear_shapes(shape, shape.ffn_hidden_size, tp), gemm_hw or hw)
-    act_fwd, act_bwd = activation_bytes(shape, hw.dtype_bytes, tokens, shape.ffn_hidden_size / tp)
-    return MlpTimes(fwd + act_fwd / hw.hbm_Bps, bwd + act_bwd / hw.hbm_Bps, mm)
+    act_fwd, act_bwd = activation_times_s(shape, hw, tokens, shape.ffn_hidden_size / tp)
+    return MlpTimes(fwd + act_fwd, bwd + act_bwd, mm)
 
 
 def _attention_times_s(shape: ModelShape, hw: Hardware, tp: int, mb: int) -> tuple[float, float, float]:

@@ -87,6 +87,9 @@ DS_FULL_GRAD_COPIES = 3
 DS_PARTITION_COPIES = 4
 DS_REDUCE_BUCKET_ELEMENTS = 500_000_000
 DS_MAX_REUSE_DISTANCE = 1_000_000_000   # stage3_max_reuse_distance (and max_live_parameters) orch writes
+# stage3_max_live_parameters' default in every release with ZeRO-3 (constants.py, v0.3.12-v0.5.10: 1e9):
+# the pre-0.6 prefetch is skipped while this many elements are gathered (ds_zero3_fetch_schedule)
+DS_LEGACY_MAX_LIVE_PARAMETERS = 1_000_000_000
 DS_GATHERS_PER_LAYER = 4
 MEGATRON_FSDP_GATHERS_PER_LAYER = 1
 
@@ -125,39 +128,93 @@ def grad_reduce_bytes(engine: str, precision: str, dtype_bytes: int) -> int:
     return 4 if engine == "megatron" and precision == "bf16" else dtype_bytes
 
 
+@dataclass(frozen=True)
+class FetchEvent:
+    """One module use of a DeepSpeed ZeRO-3 micro-batch (:func:`ds_zero3_fetch_schedule`)."""
+
+    phase: str                  # "f" forward, "r" recomputed forward, "b" backward
+    elements: int               # the module's parameters (its share of the pass's compute)
+    waits: bool                 # its fetch waits for the gathers in flight (its own, or a synchronous one)
+    gathered: int               # elements its fetch gathers synchronously (0: kept, or prefetched)
+    prefetched: tuple[int, ...] = ()   # elements of each gather the prefetch after its fetch launches
+
+
+@lru_cache(maxsize=1024)
+def ds_zero3_fetch_schedule(module_elements: tuple[int, ...], layers: int, full_recompute: bool,
+                            max_reuse: int = DS_MAX_REUSE_DISTANCE, max_live: int = 0,
+                            prefetch_elements: int = 0) -> tuple[FetchEvent, ...]:
+    """What DeepSpeed ZeRO-3's PartitionedParameterCoordinator does at every module use of one micro-batch.
+
+    The trace: the layers' modules (``module_elements`` in forward order) forward; backward from the last
+    layer, each layer recomputing its forward first when ``full_recompute``, then its modules in reverse.
+    At each use the module's parameters are fetched (gathered synchronously unless kept or in flight; a
+    fetch of parameters in flight waits for every gather in flight: ``_synchronize_communication``), then,
+    with ``prefetch_elements``, the prefetch runs, only if no gather is in flight and fewer than ``max_live``
+    elements are gathered (``prefetch_next_sub_modules``: ``not self.in_flight_handles and
+    self.total_available_parameter_numel < self.max_available_parameters_in_numel``, v0.3.12-v0.5.x): it
+    takes the next not-gathered modules of the trace until ``prefetch_elements``. After the use a module
+    stays gathered when it is due again before ``max_reuse`` elements of other modules' parameters have run
+    (``_keep_for_later``: the reuse distance walks the trace from the next step, counting parameters), else
+    it is released. Every release since 0.3.12 keeps by that rule (stage3_max_reuse_distance, 1e9 by
+    default); the live-parameter gate is the pre-0.6 prefetch's (the later coordinator caps a prefetch at
+    the room left under max_live instead of skipping it)."""
+    k = len(module_elements)
+    trace = [(layer, i, "f") for layer in range(layers) for i in range(k)]
+    for layer in reversed(range(layers)):
+        if full_recompute:
+            trace += [(layer, i, "r") for i in range(k)]
+        trace += [(layer, i, "b") for i in reversed(range(k))]
+    elements = [module_elements[i] for _, i, _ in trace]
+    prefix = [0]
+    for e in elements:
+        prefix.append(prefix[-1] + e)
+    next_use, seen = [None] * len(trace), {}
+    for t in reversed(range(len(trace))):
+        unit = trace[t][:2]
+        next_use[t] = seen.get(unit)
+        seen[unit] = t
+    status: dict[tuple[int, int], str] = {}          # absent: not gathered; "F" in flight; "A" gathered
+    in_flight: list[tuple[int, int]] = []
+    live, events = 0, []
+    for t, (layer, i, phase) in enumerate(trace):
+        unit, e = (layer, i), elements[t]
+        state = status.get(unit)
+        gathered = e if state is None else 0
+        live += gathered
+        waits = state != "A"
+        if waits:
+            for u in in_flight:
+                status[u] = "A"
+            in_flight = []
+        status[unit] = "A"
+        prefetched: list[int] = []
+        if prefetch_elements and not in_flight and live < max_live:
+            for s in range(t + 1, len(trace)):
+                u = trace[s][:2]
+                if u not in status:
+                    status[u] = "F"
+                    in_flight.append(u)
+                    prefetched.append(elements[s])
+                    if sum(prefetched) >= prefetch_elements:
+                        break
+            live += sum(prefetched)
+        events.append(FetchEvent(phase, e, waits, gathered, tuple(prefetched)))
+        nxt = next_use[t]
+        if nxt is None or prefix[nxt] - prefix[t + 1] >= max_reuse:
+            del status[unit]
+            live -= e
+    return tuple(events)
+
+
 @lru_cache(maxsize=1024)
 def ds_backward_regather_share(module_elements: tuple[int, ...], layers: int, full_recompute: bool,
                                max_reuse: int = DS_MAX_REUSE_DISTANCE) -> float:
     """Backward all-gathers of DeepSpeed ZeRO-3 (every release: the reuse rule is the same since 0.3.12), in
-    passes of the stage's parameters.
-
-    After a module runs, DeepSpeed keeps its parameters gathered when the module is due again before
-    ``max_reuse`` elements of other modules' parameters have run (PartitionedParameterCoordinator's
-    __params_to_release walks the recorded module trace from the next step, counting parameters, and
-    stops at stage3_max_reuse_distance). The trace of one micro-batch: the layers' modules
-    (``module_elements`` in forward order) forward; backward from the last layer, each layer recomputing
-    its forward first when ``full_recompute``, then its modules in reverse. Every forward use gathers;
-    a backward use gathers again unless kept. Returns the gathered backward elements / the stage's
-    (1 without reuse and recompute, 2 with recompute and nothing kept).
-    """
-    k, per_layer = len(module_elements), sum(module_elements)
-    trace = [(layer, i) for layer in range(layers) for i in range(k)]
-    forward_len = len(trace)
-    for layer in reversed(range(layers)):
-        if full_recompute:
-            trace += [(layer, i) for i in range(k)]
-        trace += [(layer, i) for i in reversed(range(k))]
-    last_seen: dict[tuple[int, int], int] = {}
-    prefix = [0]
-    for unit in trace:
-        prefix.append(prefix[-1] + module_elements[unit[1]])
-    gathered = 0
-    for t, unit in enumerate(trace):
-        j = last_seen.get(unit)
-        last_seen[unit] = t
-        if t >= forward_len and (j is None or prefix[t] - prefix[j + 1] >= max_reuse):
-            gathered += module_elements[unit[1]]
-    return gathered / (layers * per_layer)
+    passes of the stage's parameters: the elements gathered by the backward's (and recompute's) uses of
+    :func:`ds_zero3_fetch_schedule` over the stage's (1 without reuse and recompute, 2 with recompute and
+    nothing kept)."""
+    events = ds_zero3_fetch_schedule(module_elements, layers, full_recompute, max_reuse)
+    return sum(ev.gathered for ev in events if ev.phase != "f") / (layers * sum(module_elements))
 
 
 @dataclass(frozen=True)
@@ -169,6 +226,7 @@ class Zero3Runtime:
     list_reduce_scatters: bool = False   # one reduce-scatter per parameter on n input views
     allreduce_gradients: bool = False    # bucketed all-reduce of full gradients (contiguous_gradients off)
     prefetch_elements: int = 0           # synchronous fetch: the release's default stage3_prefetch_bucket_size
+    max_live: int = 0                    # synchronous fetch: its default stage3_max_live_parameters (the gate)
 
 
 def ds_version(version: str | None) -> tuple[int, ...]:
@@ -184,7 +242,8 @@ def ds_zero3_runtime(version: str | None) -> Zero3Runtime:
     synchronous = v < DS_ASYNC_COALESCED_FETCH_SINCE
     return Zero3Runtime(synchronous_fetch=synchronous, list_gathers=v < DS_FLAT_GATHERS_SINCE,
                         list_reduce_scatters=not allreduce and synchronous, allreduce_gradients=allreduce,
-                        prefetch_elements=DS_LEGACY_PREFETCH_BUCKET_ELEMENTS if synchronous else 0)
+                        prefetch_elements=DS_LEGACY_PREFETCH_BUCKET_ELEMENTS if synchronous else 0,
+                        max_live=DS_LEGACY_MAX_LIVE_PARAMETERS if synchronous else 0)
 
 
 def ds_pipeline_reduces_after_flush(engine: str, pp: int) -> bool:

@@ -46,6 +46,7 @@ class Hardware:
     fused_grad_accumulation: bool = False
     tp_comm_overlap: bool = False   # the GPU can overlap TP comm with GEMMs (catalog)
     runtime_bytes: int | None = None   # framework runtime per process (catalog); None: CostModel's CUDA context
+    gelu_elems_per_s: float | None = None   # compute-bound GELU rate (catalog, CPU); None: memory-bound
 
     @property
     def world_size(self) -> int:
@@ -71,7 +72,8 @@ def hardware_for(spec: Spec, cost: CostModel) -> Hardware:
         host_Bps=gpu.host_link_GBps * GB, gpus_per_node=c.gpus_per_node, num_nodes=c.num_nodes,
         dtype_bytes=DTYPE_BYTES[spec.training.precision], kernel_gap_s=cost.kernel_gap_s,
         latency_s=cost.collective_latency_s, fused_grad_accumulation=cost.fused_grad_accumulation,
-        tp_comm_overlap=gpu.tp_comm_overlap, runtime_bytes=gpu.runtime_bytes, link=intra_link(gpu))
+        tp_comm_overlap=gpu.tp_comm_overlap, runtime_bytes=gpu.runtime_bytes, link=intra_link(gpu),
+        gelu_elems_per_s=gpu.gelu_elems_per_s)
 
 
 def intra_link(gpu) -> str:

@@ -17,7 +17,7 @@ from .hardware import Hardware
 from .moe import (after_sync_host_s, expert_layer_comm, expert_work, moe_host_s, moe_mlp_times, with_dispatch_sync,
                   with_host_floor)
 from .params import ModelShape
-from .precision import cast_bytes_per_row, fp8_gemm_hardware
+from .precision import FP8_RECIPE, cast_bytes_per_row, fp8_gemm_hardware
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,9 @@ class LayerKey:
 
 
 @lru_cache(maxsize=65536)
-def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: LayerKey) -> RankLayer:
+def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: LayerKey,
+               fp8_recipe: str = FP8_RECIPE) -> RankLayer:
+    """``fp8_recipe``: the FP8 scaling recipe (estimate/precision.py FP8_RECIPE), for the experts' host launches."""
     rs = rank_shape(shape, key.cp)
     gemm_hw = fp8_gemm_hardware(hw, gpu) if precision == "fp8" else None
     dense = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw),
@@ -63,9 +65,10 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
                                 _moe_cast_rows(shape, rs, key), hw, gemm_hw)
         if gpu != "cpu":
             fp8 = precision == "fp8"
-            moe_layer = with_host_floor(moe_layer, *moe_host_s(shape, key.ep, fp8))
+            moe_layer = with_host_floor(moe_layer, *moe_host_s(shape, key.ep, fp8, fp8_recipe))
             if shape.moe.capacity_factor is None:
-                moe_layer = with_dispatch_sync(moe_layer, mlp.forward_s, after_sync_host_s(shape, key.ep, fp8))
+                moe_layer = with_dispatch_sync(moe_layer, mlp.forward_s,
+                                               after_sync_host_s(shape, key.ep, fp8, fp8_recipe))
         share = shape.num_moe_layers / shape.num_layers
         layer = _mix(dense, moe_layer, share)
         comm = expert_layer_comm(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb)

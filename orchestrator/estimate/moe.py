@@ -38,9 +38,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .comm import NCCL_BASE_US, NCCL_HOP_US, US, Placement, all_gather_s, group_placement
-from .compute import (KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, MlpTimes, activation_bytes, linear_times_s, linears_time_s, matmul_time_s, mlp_linear_shapes)
+from .compute import (KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, MlpTimes, activation_times_s, linear_times_s, linears_time_s, matmul_time_s, mlp_linear_shapes)
 from .hardware import Hardware
 from .params import ModelShape
+from .precision import FP8_RECIPE
 
 # Max over mean of the tokens the busiest expert rank receives with dropless routing and an auxiliary
 # load-balancing loss, after the early phase of training. Our estimate (not a fitted value): Switch-style
@@ -71,6 +72,16 @@ DISPATCH_HOST_OPS = 12
 # (forward) and output gradient (backward) is cast per expert first (TE GroupedLinear; TE issue #761: an FP8
 # linear costs the host over twice a BF16 one).
 EXPERT_HOST_OPS = {False: (2, 4), True: (4, 8)}   # fp8 -> (forward, backward) per local expert
+# Per-tensor current scaling (Megatron --fp8-recipe tensorwise, the "FP8-CS" of NVIDIA's tables) adds two host
+# launches to each per-expert cast: Transformer Engine 2.9 (the release Megatron-Bridge 25.11 pins: uv.lock
+# transformer-engine 2.9.0+70f53666) casts a GroupedLinear's inputs with tex.split_quantize, fused over all experts
+# (nvte_multi_cast_transpose) for delayed scaling only, one tensor at a time otherwise (pytorch/csrc/extensions/
+# cast.cpp multi_tensor_quantize_impl); a current-scaling cast runs an amax kernel and a scale-from-amax kernel
+# before the cast itself (pytorch/csrc/quantizer.cpp Float8CurrentScalingQuantizer::quantize_impl). Two casts per
+# expert forward (the fc1 and fc2 inputs) and two backward (their output gradients): 2 x 2 each way. (For delayed
+# scaling EXPERT_HOST_OPS keeps one op per expert cast although TE 2.9 fuses the kernel over the experts:
+# multi_tensor_quantize still creates each expert's output tensors one by one; left as it was.)
+CURRENT_SCALING_EXTRA_HOST_OPS = (4, 4)
 # Transformer Engine runs a GroupedLinear's per-expert GEMMs as separate cuBLAS(Lt) calls on its own compute
 # streams ("multi-stream cuBLAS": TE pull request #853; TE issue #1386, a maintainer: batched GEMM cannot take
 # different sizes and cuBLAS's grouped API and CUTLASS grouped kernels were slower or lacked FP8, so TE keeps
@@ -114,16 +125,16 @@ def moe_mlp_times(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, et
     route_bytes = 4 * work.tokens * moe.num_experts * 4          # fp32 scores: softmax and top-k, r/w
     permute_bytes = 2 * 2 * e * work.tokens * moe.router_topk * h  # permute + unpermute, read + write
     expert_f, expert_b = _grouped_expert_times(shape, gemm, work, etp)
-    act_f, act_b = activation_bytes(shape, e, work.routed_rows, moe.expert_ffn / etp)
-    fwd = router_f + expert_f + (route_bytes + permute_bytes + act_f) / hw.hbm_Bps
-    bwd = router_b + expert_b + (route_bytes + permute_bytes + act_b) / hw.hbm_Bps
+    act_f, act_b = activation_times_s(shape, hw, work.routed_rows, moe.expert_ffn / etp)
+    fwd = router_f + expert_f + (route_bytes + permute_bytes) / hw.hbm_Bps + act_f
+    bwd = router_b + expert_b + (route_bytes + permute_bytes) / hw.hbm_Bps + act_b
     fwd += (ROUTER_KERNELS + work.local_experts) * hw.kernel_gap_s
     bwd += (ROUTER_KERNELS + 2 * work.local_experts) * hw.kernel_gap_s
     mm = router_f + expert_f
     if moe.shared_ffn:
         sf, sb, smm = linears_time_s(work.tokens * tp, mlp_linear_shapes(shape, moe.shared_ffn, tp), gemm)
-        sa_f, sa_b = activation_bytes(shape, e, work.tokens * tp, moe.shared_ffn / tp)
-        fwd, bwd, mm = fwd + sf + sa_f / hw.hbm_Bps, bwd + sb + sa_b / hw.hbm_Bps, mm + smm
+        sa_f, sa_b = activation_times_s(shape, hw, work.tokens * tp, moe.shared_ffn / tp)
+        fwd, bwd, mm = fwd + sf + sa_f, bwd + sb + sa_b, mm + smm
     return MlpTimes(fwd, bwd, mm)
 
 
@@ -149,16 +160,25 @@ def stream_rounds(m: int, n: int, k: int, hw: Hardware, gemms: int, streams: int
     return time + (matmul_time_s(m, n, k, hw, batch=rest) if rest else 0.0)
 
 
-def moe_host_s(shape: ModelShape, ep: int, fp8: bool) -> tuple[float, float]:
+def expert_host_ops(fp8: bool, recipe: str = FP8_RECIPE) -> tuple[int, int]:
+    """Host launches per local expert, (forward, backward): its GEMMs and, in FP8, its casts by scaling recipe."""
+    per_f, per_b = EXPERT_HOST_OPS[fp8]
+    if fp8 and recipe == "tensorwise":
+        extra_f, extra_b = CURRENT_SCALING_EXTRA_HOST_OPS
+        per_f, per_b = per_f + extra_f, per_b + extra_b
+    return per_f, per_b
+
+
+def moe_host_s(shape: ModelShape, ep: int, fp8: bool, recipe: str = FP8_RECIPE) -> tuple[float, float]:
     """Host launch time of one MoE layer (attention, router, dispatch, local experts), forward and backward."""
-    block_f, block_b = moe_block_host_s(shape, ep, fp8)
+    block_f, block_b = moe_block_host_s(shape, ep, fp8, recipe)
     return block_f + KERNELS_FWD * HOST_OP_S, block_b + KERNELS_BWD * HOST_OP_S
 
 
-def moe_block_host_s(shape: ModelShape, ep: int, fp8: bool) -> tuple[float, float]:
+def moe_block_host_s(shape: ModelShape, ep: int, fp8: bool, recipe: str = FP8_RECIPE) -> tuple[float, float]:
     """Host launch time of the MoE block alone (router, dispatch, local experts), forward and backward."""
     local = shape.moe.num_experts // ep
-    per_f, per_b = EXPERT_HOST_OPS[fp8]
+    per_f, per_b = expert_host_ops(fp8, recipe)
     fwd = ROUTER_KERNELS + DISPATCH_HOST_OPS + per_f * local
     bwd = 2 * (ROUTER_KERNELS + DISPATCH_HOST_OPS) + per_b * local
     return fwd * HOST_OP_S, bwd * HOST_OP_S
@@ -177,10 +197,10 @@ def moe_block_s(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, etp:
     return max(mlp.forward_s + a2a, host_f), max(mlp.backward_s + a2a, host_b)
 
 
-def after_sync_host_s(shape: ModelShape, ep: int, fp8: bool) -> float:
+def after_sync_host_s(shape: ModelShape, ep: int, fp8: bool, recipe: str = FP8_RECIPE) -> float:
     """Host time of what a dropless layer's forward launches after its dispatcher's sync: the dispatch
     (permutation, all-to-alls, sorting) and the local experts; the router ran before it."""
-    return moe_block_host_s(shape, ep, fp8)[0] - ROUTER_KERNELS * HOST_OP_S
+    return moe_block_host_s(shape, ep, fp8, recipe)[0] - ROUTER_KERNELS * HOST_OP_S
 
 
 def with_dispatch_sync(layer: LayerTimeEstimate, moe_forward_s: float, host_after_sync_s: float) -> LayerTimeEstimate:

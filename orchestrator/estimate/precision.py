@@ -26,6 +26,11 @@ from .hardware import Hardware
 
 FP8_BYTES = 1
 FP8_WEIGHT_COPY_BYTES = 1   # the cached fp8 weight, per parameter (its transpose is transient, per layer)
+# The FP8 scaling recipe orch writes (Megatron's --fp8-recipe; render/megatron_moe.py emits this one). Published
+# runs may have used another: "tensorwise" is Megatron's name for per-tensor current scaling (Megatron-Bridge's
+# bf16_with_fp8_current_scaling_mixed, the "FP8-CS" of NVIDIA's performance tables). Only the MoE experts' host
+# launches depend on it in this model (estimate/moe.py expert_host_ops).
+FP8_RECIPE = "delayed"
 
 
 def fp8_gemm_hardware(hw: Hardware, gpu: str) -> Hardware:

@@ -41,10 +41,10 @@ from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
-from .params import (ModelShape, ParamsEstimate, estimate_params, expert_params_per_layer_per_rank,
+from .params import (ModelShape, ParamsEstimate, ds_layer_modules, estimate_params, expert_params_per_layer_per_rank,
                      largest_module_per_rank, model_shape)
 from .pipeline import bubble_fraction, pipeline_time_s
-from .precision import fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
+from .precision import FP8_RECIPE, fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
 from .uncertainty import layout_uncertainty, regime_of
 
 
@@ -64,10 +64,12 @@ class EstimateContext:
                                         # (estimate/engines.py DEEPSPEED_VERSION; only published runs set it)
     ep_a2a_overlap: bool = True   # False: a published run that ran without --overlap-moe-expert-parallel-comm
                                   # (orch emits it wherever Megatron allows it; only published runs set it)
+    fp8_recipe: str = FP8_RECIPE  # the FP8 scaling recipe orch writes; a published run may have used another
+                                  # ("tensorwise": current scaling; only published runs set it)
 
     @classmethod
     def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None,
-           ep_a2a_overlap: bool = True) -> "EstimateContext":
+           ep_a2a_overlap: bool = True, fp8_recipe: str = FP8_RECIPE) -> "EstimateContext":
         cost = cost or CostModel()
         c = spec.cluster
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
@@ -75,7 +77,7 @@ class EstimateContext:
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=engine_of(spec),
                    host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
-                   engine_version=engine_version, ep_a2a_overlap=ep_a2a_overlap)
+                   engine_version=engine_version, ep_a2a_overlap=ep_a2a_overlap, fp8_recipe=fp8_recipe)
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ def layer_key(lay: Layout) -> LayerKey:
 
 def rank_layer_of(ctx: EstimateContext, lay: Layout) -> RankLayer:
     """The mean transformer layer of one rank (MoE, context parallelism and FP8 composed in)."""
-    return rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, layer_key(lay))
+    return rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, layer_key(lay), ctx.fp8_recipe)
 
 
 def _expert_elements(ctx: EstimateContext, lay: Layout, elements: float, layers: int) -> float:
@@ -425,7 +427,8 @@ def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_win
         bucket_all_reduce=engine == "deepspeed" and (ds_bucket_all_reduce(ctx.engine_version, lay.zero_stage)
                                                      or bf16_opt),
         zero3=ds_zero3_runtime(ctx.engine_version) if engine == "deepspeed" and lay.zero_stage == 3 else None,
-        rank_host_s=ctx.cost.ds_list_rank_host_s)
+        rank_host_s=ctx.cost.ds_list_rank_host_s,
+        modules=ds_layer_modules(ctx.shape, lay.tp) if engine == "deepspeed" and lay.zero_stage == 3 else ())
 
 
 # Layouts that differ only in what the DP traffic does not see (interleaving, splits) share its cost.

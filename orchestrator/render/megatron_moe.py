@@ -23,12 +23,13 @@ Pure functions of the Plan, composed by :mod:`orchestrator.render.megatron`. Fla
 from __future__ import annotations
 
 from ..estimate.moe import uses_ep_a2a_overlap
+from ..estimate.precision import FP8_RECIPE
 from ..layout import engine_of
 from ..plan import Plan
 
 DISPATCHER = "alltoall"
 CP_COMM_TYPE = "p2p"
-FP8_FORMAT, FP8_RECIPE, FP8_AMAX_HISTORY, FP8_AMAX_ALGO = "hybrid", "delayed", 1024, "max"
+FP8_FORMAT, FP8_AMAX_HISTORY, FP8_AMAX_ALGO = "hybrid", 1024, "max"
 LOAD_BALANCING = "aux_loss"
 DROP_POLICY = "probs"
 

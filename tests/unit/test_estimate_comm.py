@@ -1,6 +1,7 @@
 """Collectives as NCCL runs them (ring / tree, LL / Simple, per-hop latency), placement, DP/TP/PP traffic."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -129,13 +130,13 @@ def test_deepspeed_zero3_runtime_by_release():
     (#1453); None is the DeepSpeed orch writes configs for."""
     from orchestrator.estimate.engines import Zero3Runtime, ds_zero3_runtime
 
-    bucket = 50_000_000                                           # stage3_prefetch_bucket_size default then
+    bucket, live = 50_000_000, 1_000_000_000      # stage3_prefetch_bucket_size, stage3_max_live_parameters then
     assert ds_zero3_runtime("0.3") == Zero3Runtime(synchronous_fetch=True, list_gathers=True, allreduce_gradients=True,
-                                                   prefetch_elements=bucket)
+                                                   prefetch_elements=bucket, max_live=live)
     assert ds_zero3_runtime("0.4.3") == Zero3Runtime(synchronous_fetch=True, list_gathers=True,
-                                                     list_reduce_scatters=True, prefetch_elements=bucket)
+                                                     list_reduce_scatters=True, prefetch_elements=bucket, max_live=live)
     assert ds_zero3_runtime("0.5.5") == Zero3Runtime(synchronous_fetch=True, list_reduce_scatters=True,
-                                                     prefetch_elements=bucket)
+                                                     prefetch_elements=bucket, max_live=live)
     assert ds_zero3_runtime("0.6.0") == ds_zero3_runtime(None) == Zero3Runtime()
 
 
@@ -188,9 +189,9 @@ def test_legacy_deepspeed_zero3_all_reduces_gradients_in_the_reduce_buckets():
     old, mid, now = (data_parallel_comm(work(**kw, zero3=ds_zero3_runtime(v)), pl, 0.0, h)
                      for v in ("0.3", "0.4.3", None))
     gathers = 2 * (24 * 4 + 1)
-    assert old.calls == gathers + 4 and now.calls == gathers + 4 == gathers + 2e9 // DS_REDUCE_BUCKET_ELEMENTS
-    assert mid.calls == gathers + 24 * 4 + 1                       # one reduce-scatter per parameter
-    assert old.bytes - now.bytes == pytest.approx(ring_bytes(2e9 * 2, 64))   # all-reduce = 2x reduce-scatter
+    assert now.calls == gathers + 4 == gathers + 2e9 // DS_REDUCE_BUCKET_ELEMENTS
+    assert mid.calls - old.calls == 24 * 4 + 1 - 4                 # one reduce-scatter per parameter (same gathers)
+    assert old.bytes - mid.bytes == pytest.approx(ring_bytes(2e9 * 2, 64))   # all-reduce = 2x reduce-scatter
 
 
 def test_zero3_reduce_calls_follow_the_bucket_orch_writes():
@@ -220,3 +221,46 @@ def test_deepspeed_keeps_recomputed_modules_gathered_within_the_reuse_distance()
     assert 0.5 < ds_backward_regather_share(mods(2048), 24, True) < 1   # and the last layers' recompute
     assert ds_backward_regather_share(mods(256), 4, True) == 0
     assert ds_backward_regather_share(mods(12288), 96, True, max_reuse=0) == pytest.approx(2)
+
+
+def test_legacy_prefetch_is_skipped_while_a_module_over_max_live_is_gathered():
+    """DeepSpeed before 0.6 prefetches only while fewer than stage3_max_live_parameters (1e9) elements are
+    gathered (stage3.py prefetch_next_sub_modules). GPT-3 175B's modules (<= 6e8) are always prefetched after
+    the first; 530B's QKV (1.26e9) and MLP weights (1.68e9) close the gate: in the forward the QKV, attention
+    output and MLP-out weights are gathered synchronously, only the MLP-in weight behind the attention output."""
+    from orchestrator.estimate.engines import ds_zero3_fetch_schedule
+
+    def forward(h, max_live):
+        mods = (3 * h * h, h * h, 4 * h * h, 4 * h * h)
+        events = ds_zero3_fetch_schedule(mods, 8, True, 10**9, max_live, 5 * 10**7)
+        return [ev for ev in events if ev.phase == "f"][4:8], mods     # a middle layer
+    gpt3, _ = forward(12288, 10**9)
+    assert [ev.gathered for ev in gpt3] == [0, 0, 0, 0] and all(ev.prefetched for ev in gpt3)
+    big, mods = forward(20480, 10**9)
+    assert [ev.gathered for ev in big] == [mods[0], mods[1], 0, mods[3]]
+    assert [ev.prefetched for ev in big] == [(), (mods[2],), (), ()]
+    ungated, _ = forward(20480, 10**12)
+    assert [ev.gathered for ev in ungated] == [0, 0, 0, 0]
+
+
+def test_legacy_zero3_synchronous_fetches_are_exposed_whatever_the_compute():
+    """With ample compute, DeepSpeed 0.3's prefetched gathers hide (only the host work around each stays);
+    a synchronous fetch (the live-parameter gate) is exposed whole: 530B-sized modules expose more than a
+    forward pass's ring time over the step, 175B-sized ones only their first gather and last reduction."""
+    from orchestrator.estimate.engines import ds_zero3_runtime
+
+    h, pl = hw(num_nodes=280), Placement(2240, 8, 280)
+    exposed = {}
+    for hidden in (12288, 20480):
+        mods = (3 * hidden**2, hidden**2, 4 * hidden**2, 4 * hidden**2)
+        w = work(zero_stage=3, num_microbatches=1, layers=8, param_elements=8 * sum(mods), modules=mods,
+                 full_recompute=True, forward_window_s=1e3, backward_window_s=3e3, zero3=ds_zero3_runtime("0.3"))
+        dp = data_parallel_comm(w, pl, 1.0, h)
+        no_host = data_parallel_comm(dataclasses.replace(w, zero3=dataclasses.replace(w.zero3, list_gathers=False)),
+                                     pl, 1.0, h)
+        ring_f = 8 * sum(all_gather_s(e * 2, pl, h) for e in mods)
+        exposed[hidden] = (dp.exposed_s, no_host.exposed_s, ring_f)
+    gpt3, big = exposed[12288], exposed[20480]
+    assert gpt3[1] < 0.2 * gpt3[2]             # the ring hides: the first gather, the last reduction, the zeroing
+    assert big[1] > 0.7 * big[2]             # synchronous fetches: more than a forward pass of ring time
+    assert big[0] > big[1] and gpt3[0] > gpt3[1]             # the per-rank list loop and copies come on top

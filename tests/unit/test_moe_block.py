@@ -143,3 +143,48 @@ def test_a_published_run_without_the_ep_overlap_exposes_its_whole_all_to_all():
     assert as_run["comm"]["ep_exposed_s"] == pytest.approx(as_run["comm"]["ep_s"])
     assert as_orch["comm"]["ep_exposed_s"] < 0.8 * as_orch["comm"]["ep_s"]
     assert as_run["step_time_s"] > as_orch["step_time_s"]
+
+
+def test_current_scaling_adds_two_launches_to_every_per_expert_cast():
+    """Transformer Engine 2.9 casts a GroupedLinear's inputs one expert at a time unless the recipe is delayed
+    scaling, and a current-scaling cast is amax + scale + cast: per local expert, 2 casts forward and 2 backward
+    each gain 2 launches; BF16 and orch's delayed scaling keep their counts."""
+    shape = model_shape(parse_spec({"name": "t", "model": {"preset": "qwen3-30b-a3b"},
+                                    "cluster": {"gpu": "h100-sxm", "num_nodes": 2, "gpus_per_node": 8},
+                                    "training": {"global_batch_size": 64, "precision": "fp8",
+                                                 "engine": "megatron"}}))
+    local = shape.moe.num_experts // 8
+    delayed, tensorwise = moe_block_host_s(shape, 8, True), moe_block_host_s(shape, 8, True, "tensorwise")
+    assert moe_block_host_s(shape, 8, True, "delayed") == delayed
+    assert (tensorwise[0] - delayed[0], tensorwise[1] - delayed[1]) == \
+        pytest.approx((4 * local * HOST_OP_S, 4 * local * HOST_OP_S))
+    assert moe_block_host_s(shape, 8, False, "tensorwise") == moe_block_host_s(shape, 8, False)
+    assert after_sync_host_s(shape, 8, True, "tensorwise") - after_sync_host_s(shape, 8, True) == \
+        pytest.approx(4 * local * HOST_OP_S)
+
+
+def test_current_scaling_lengthens_the_dropless_layer_on_nvidias_qwen3_30b_layout():
+    """NVIDIA's dropless Qwen3-30B-A3B FP8-CS layout (pp 2, vp 12, ep 8: 16 local experts, micro-batch 1): the
+    dispatcher's sync exposes the launches after it, now with the extra current-scaling casts, so the forward
+    becomes host-bound; the backward is its GPU work or its launches, whichever is longer; a padded
+    (token-drop) layer has no sync and stays shorter."""
+    case = next(c for c in load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")
+                if c["id"] == "mbridge2602_qwen3_30b_a3b_fp8")
+    assert case["fp8_recipe"] == "tensorwise" and (case["pp"], case["vp"], case["ep"], case["mbs"]) == (2, 12, 8, 1)
+    ctx = EstimateContext.of(layout_case_spec(case))
+    key = LayerKey(tp=1, cp=1, ep=8, etp=1, mb=1, sp=False, recompute="none")
+    delayed = rank_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key).time
+    current = rank_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key, "tensorwise").time
+    # capacity factor 1.1: the same GPU work without the sync (as in the test above)
+    capped = dataclasses.replace(ctx.shape, moe=dataclasses.replace(ctx.shape.moe, capacity_factor=1.1))
+    gpu_f = rank_layer(capped, ctx.hw, "h100-sxm", "fp8", key, "tensorwise").time.forward_s
+    mlp_f = moe_mlp_times(capped, ctx.hw, 1, 1, 8, 1, 1, fp8_gemm_hardware(ctx.hw, "h100-sxm")).forward_s
+    after = after_sync_host_s(ctx.shape, 8, True, "tensorwise")
+    assert after > mlp_f and current.forward_s == pytest.approx(after + gpu_f - mlp_f)
+    assert current.forward_s > delayed.forward_s
+    host_b = moe_host_s(ctx.shape, 8, True, "tensorwise")[1]
+    assert current.backward_s == pytest.approx(max(delayed.backward_s, host_b))
+    padded = dataclasses.replace(ctx.shape, moe=dataclasses.replace(ctx.shape.moe, capacity_factor=1.0))
+    assert rank_layer(padded, ctx.hw, "h100-sxm", "fp8", key, "tensorwise").time.forward_s < current.forward_s
+    as_run, as_orch = predicted_layout(case), predicted_layout({**case, "fp8_recipe": "delayed"})
+    assert as_run["step_time_s"] > as_orch["step_time_s"]
