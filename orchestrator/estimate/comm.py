@@ -24,8 +24,8 @@ What is sent:
   all-reduces the gradients; stage 1 (and Megatron's distributed optimizer) reduce-scatters gradients and
   all-gathers updated parameters; stage 2 reduce-scatters into the owner's partition at every micro-batch
   (a rank keeps no full gradient buffer to accumulate in) and all-gathers parameters once (DeepSpeed from
-  0.12.4, the release orch writes for, and its BF16_Optimizer all-reduce the ZeRO-1/2 gradient buckets
-  instead: an all-reduce's volume, estimate/engines.py ds_bucket_all_reduce / ds_bf16_optimizer); stage 3
+  0.12.4, the release orch writes for, its ZeRO-1 from 0.4.4 and its BF16_Optimizer all-reduce the gradient
+  buckets instead: an all-reduce's volume, estimate/engines.py ds_bucket_all_reduce / ds_bf16_optimizer); stage 3
   all-gathers parameters for every forward and backward (and for the recomputed forward), one call per
   module (DeepSpeed) or per layer (Megatron FSDP), and reduce-scatters gradients, every micro-batch (ZeRO
   paper, section 7: 1.5x the all-reduce volume per pass). Gradients travel in the training dtype, or fp32
@@ -211,8 +211,8 @@ class DataParallelWork:
     backward_gather_passes: float | None = None   # DeepSpeed ZeRO-3 backward all-gathers in passes of the
                                      # parameters (engines.ds_backward_regather_share); None: 2 with full
                                      # recompute, else 1 (nothing kept gathered from the forward)
-    bucket_all_reduce: bool = False  # DeepSpeed >= 0.12.4 ZeRO-1/2: gradient buckets all-reduced, not
-                                     # reduce-scattered (estimate/engines.py ds_bucket_all_reduce)
+    bucket_all_reduce: bool = False  # DeepSpeed >= 0.12.4 ZeRO-1/2 (ZeRO-1 >= 0.4.4): gradient buckets
+                                     # all-reduced, not reduce-scattered (estimate/engines.py ds_bucket_all_reduce)
     zero3: Zero3Runtime | None = None   # DeepSpeed ZeRO-3: what its release does per collective
                                         # (estimate/engines.py ds_zero3_runtime); None: not DeepSpeed
                                         # ZeRO-3 (counted as the current release, all flags off)

@@ -68,6 +68,14 @@ DS_LEGACY_PREFETCH_BUCKET_ELEMENTS = 50_000_000   # stage3_prefetch_bucket_size 
 # true, sends ``average_tensor`` through ``allreduce_and_scatter``; issue #7059 logs ``comm op: all_reduce``
 # with ``reduce_scatter: true``). Before, one reduce per partition owner: a reduce-scatter's volume.
 DS_BUCKET_ALL_REDUCE_SINCE = (0, 12, 4)
+# ZeRO-1 all-reduces its gradients in every release since 0.4.4, and not only from 0.12.4: PR #1246 ("ignore
+# overlap/contiguous_gradients if using zero 1", v0.4.4) makes engine.py _configure_zero_optimizer force
+# ``contiguous_gradients = False`` for stage 1, so ``reduce_ipg_grads`` takes ``buffered_reduce_fallback(None,
+# ...)`` -> ``allreduce_and_copy`` -> ``allreduce_bucket``: ``dist.all_reduce`` of each flattened bucket of up to
+# reduce_bucket_size elements, every rank reducing the full gradient (runtime/zero/stage2.py v0.5.4,
+# stage_1_and_2.py v0.5.10-v0.12.6). PR #4887 (v0.13.0) lifts the restriction; by then the contiguous path
+# all-reduces too (DS_BUCKET_ALL_REDUCE_SINCE).
+DS_ZERO1_FALLBACK_ALL_REDUCE_SINCE = (0, 4, 4)
 # Where the host is the device (CPU target, DeepSpeed's synchronous CPU accelerator) the ZeRO-1/2 buffer
 # copies sit on the critical path. Counted in DeepSpeed 0.19.8's ``runtime/zero/stage_1_and_2.py``, each a
 # read and a write: per micro-batch over the full gradient, the hook's copy into the contiguous bucket, the
@@ -264,6 +272,52 @@ def ds_pipeline_host_exposed(engine: str, pp: int) -> bool:
     return engine == "deepspeed" and pp > 1
 
 
+# DeepSpeed's pipeline engine with tensor parallelism hands activations over as ``PartitionedTensor``s
+# (pipe/engine.py ``is_pipe_partitioned = is_model_parallel`` since v0.3; from v0.13 behind the
+# ``pipeline.pipe_partitioned`` config key, true by default): the sender keeps its 1/tp slice (runtime/utils.py
+# PartitionedTensor._partition_tensor) and sends two tensors, ``to_meta()`` (a LongTensor of 2 + ndim + tp + 1
+# elements) and the slice; the receiver rebuilds the full tensor with ``full()``: a ``torch.zeros`` buffer and one
+# all-gather over the tp group. Gradients are partitioned the same way from v0.5.4 (``is_grad_partitioned =
+# is_model_parallel``, PR #1407 "Big science related changes", 2021-09-29; ``pipeline.grad_partitioned`` from
+# v0.13); before, SendGrad sends the full gradient and RecvGrad receives it. Per micro-batch a middle stage runs
+# (v0.5.3 and v0.5.4 _exec_forward_pass, _exec_backward_pass, _exec_send_*/_exec_recv_*), four blocking
+# transfers in all (RecvActivation, SendActivation, RecvGrad, SendGrad):
+# * v0.5.4 on: 4 slices, each after its meta tensor's own send/receive (latency-bound), and 3 tp all-gathers:
+#   the received input (forward), and in the backward the stage's own output (its ``.data`` was freed after
+#   partitioning and is re-gathered to restore the graph) and the received gradient; a send does not gather;
+# * before: 2 slices with their metas (the activations), 2 full gradients, and 2 all-gathers (the received
+#   input; the stage's own output, re-gathered at RecvGrad).
+DS_PIPE_GRAD_PARTITIONED_SINCE = (0, 5, 4)
+DS_PIPE_META_BYTES_PER_RANK = 8           # one int64 per tp rank ...
+DS_PIPE_META_BYTES_FIXED = 8 * (2 + 3 + 1)  # ... plus ndim, the shape (3 dims), num_parts and the rank
+
+
+@dataclass(frozen=True)
+class PipeHandOvers:
+    """What a middle stage of DeepSpeed's pipeline engine sends, receives and gathers per micro-batch (tp > 1)."""
+
+    slices: int      # 1/tp slices sent or received, each with its meta tensor
+    full: int        # full tensors sent or received (unpartitioned gradients)
+    gathers: int     # tp all-gathers rebuilding a full tensor
+
+
+def ds_pipe_partitioned(engine: str, tp: int) -> bool:
+    """DeepSpeed's pipeline engine sends PartitionedTensors between stages (above): deepspeed with tp > 1."""
+    return engine == "deepspeed" and tp > 1
+
+
+def ds_pipe_hand_overs(version: str | None) -> PipeHandOvers:
+    """The partitioned hand-overs of DeepSpeed ``version`` per micro-batch (above)."""
+    if ds_version(version) >= DS_PIPE_GRAD_PARTITIONED_SINCE:
+        return PipeHandOvers(slices=4, full=0, gathers=3)
+    return PipeHandOvers(slices=2, full=2, gathers=2)
+
+
+def ds_pipe_meta_bytes(tp: int) -> int:
+    """Bytes of one PartitionedTensor.to_meta() tensor: [ndim, *shape, num_parts, rank, *partition (tp + 1)]."""
+    return DS_PIPE_META_BYTES_FIXED + DS_PIPE_META_BYTES_PER_RANK * (tp + 1)
+
+
 # DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py, first in v0.6.2 with "bf16+pipeline
 # parallelism", PR #1801): bf16 weights, fp32 master weights and optimizer states sharded over the DP ranks (its
 # own ZeRO-1), and a full fp32 copy of every gradient. Which runs use it (:func:`ds_bf16_optimizer`):
@@ -297,9 +351,12 @@ def ds_bf16_optimizer(version: str | None, precision: str, zero_stage: int, pp: 
     return zero_stage == 0 or (pp > 1 and v < DS_BF16_ZERO1_PIPELINE_SINCE)
 
 
-def ds_bucket_all_reduce(version: str | None) -> bool:
-    """True for a DeepSpeed whose ZeRO-1/2 all-reduce gradient buckets (DS_BUCKET_ALL_REDUCE_SINCE)."""
-    return ds_version(version) >= DS_BUCKET_ALL_REDUCE_SINCE
+def ds_bucket_all_reduce(version: str | None, zero_stage: int = 2) -> bool:
+    """True where DeepSpeed ``version`` all-reduces the gradient buckets of ZeRO ``zero_stage`` (1 or 2)
+    instead of reducing each slice to its owner: ZeRO-1/2 from DS_BUCKET_ALL_REDUCE_SINCE, ZeRO-1 already from
+    DS_ZERO1_FALLBACK_ALL_REDUCE_SINCE."""
+    v = ds_version(version)
+    return v >= DS_BUCKET_ALL_REDUCE_SINCE or (zero_stage == 1 and v >= DS_ZERO1_FALLBACK_ALL_REDUCE_SINCE)
 
 
 def ds_zero12_copy_bytes(grad_elements: float, grad_bytes: int, dp: int, micro_batches: int, zero_stage: int) -> float:

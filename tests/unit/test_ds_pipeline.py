@@ -1,6 +1,8 @@
 """DeepSpeed's pipeline engine as the cost model counts it (estimate/engines.py, estimate/step.py)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrator.estimate import CostModel
@@ -139,3 +141,48 @@ def test_pipeline_host_work_is_exposed_on_a_gpu():
     m = tp1.num_microbatches
     assert tp1.breakdown.engine_s == pytest.approx((m + 3) * CostModel().pipeline_microbatch_host_s)
     assert estimate(EstimateContext.of(_spec("megatron")), LAYOUT).breakdown.engine_s == 0.0
+
+
+def test_zero1_pipeline_of_deepspeed_0_5_all_reduces_its_gradients():
+    """The MT-NLG release (0.5.x): ZeRO-1 all-reduces every gradient bucket (engines.ds_bucket_all_reduce), twice
+    the reduce-scatter volume a 0.4.3 ZeRO-1 run moves."""
+    spec = _spec("deepspeed")
+    old = estimate(EstimateContext.of(spec, engine_version="0.4.3"), LAYOUT)
+    new = estimate(EstimateContext.of(spec, engine_version="0.5"), LAYOUT)
+    assert new.comm.dp_reduce_s > 1.5 * old.comm.dp_reduce_s
+    assert new.comm.dp_bytes > old.comm.dp_bytes
+
+
+def test_partitioned_hand_overs_gather_three_times_per_micro_batch():
+    """With tp > 1 DeepSpeed sends a 1/tp slice after its meta tensor and the receiver all-gathers it: per
+    micro-batch 4 slices, 4 metas and 3 tp all-gathers (a send does not gather) on a middle stage."""
+    from orchestrator.estimate.comm import all_gather_s, group_placement, p2p_s
+    from orchestrator.estimate.engines import ds_pipe_hand_overs, ds_pipe_meta_bytes, ds_pipe_partitioned
+
+    spec = _spec("deepspeed")
+    hw = EstimateContext.of(spec).hw
+    est = estimate(EstimateContext.of(spec), LAYOUT)
+    big_spec = dataclasses.replace(spec, training=dataclasses.replace(spec.training, global_batch_size=512))
+    big = estimate(EstimateContext.of(big_spec), LAYOUT)
+    slice_bytes = 2048 * 4096 * 2 / LAYOUT.tp                   # gpt3-7.5b: seq 2048, h 4096, bf16
+    gather = all_gather_s(slice_bytes * LAYOUT.tp, group_placement(LAYOUT.tp, 1, hw.gpus_per_node), hw)
+    send, meta = p2p_s(slice_bytes, True, hw), p2p_s(ds_pipe_meta_bytes(LAYOUT.tp), True, hw)
+    # the step's exposed p2p is m x per micro-batch + the tied embedding's sync: difference two batch sizes
+    per_microbatch = (big.comm.pp_exposed_s - est.comm.pp_exposed_s) / (big.num_microbatches - est.num_microbatches)
+    assert per_microbatch == pytest.approx(4 * (send + meta) + 3 * gather, rel=1e-6)
+    assert ds_pipe_meta_bytes(8) == 8 * (2 + 3 + 1 + 9) and not ds_pipe_partitioned("deepspeed", 1)
+    assert not ds_pipe_partitioned("megatron", 8)
+    assert ds_pipe_hand_overs(None) == ds_pipe_hand_overs("0.5.4")
+
+
+def test_gradients_go_whole_between_stages_before_deepspeed_0_5_4():
+    """Before PR #1407 (v0.5.4) SendGrad sends the full gradient and only the activations travel in slices:
+    2 slices, 2 full tensors and 2 gathers per micro-batch; the full sends cost more than the gather they save."""
+    from orchestrator.estimate.engines import PipeHandOvers, ds_pipe_hand_overs
+
+    assert ds_pipe_hand_overs("0.5.3") == ds_pipe_hand_overs("0.5") == PipeHandOvers(slices=2, full=2, gathers=2)
+    assert ds_pipe_hand_overs("0.5.4") == PipeHandOvers(slices=4, full=0, gathers=3)
+    spec = _spec("deepspeed")
+    old = estimate(EstimateContext.of(spec, engine_version="0.5.3"), LAYOUT)
+    new = estimate(EstimateContext.of(spec, engine_version="0.5.4"), LAYOUT)
+    assert old.comm.pp_exposed_s > new.comm.pp_exposed_s and old.step_time_s > new.step_time_s

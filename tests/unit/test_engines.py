@@ -18,6 +18,14 @@ def test_zero12_all_reduces_gradient_buckets_from_deepspeed_0_12_4():
     assert ds_bucket_all_reduce("0.12.4") and ds_bucket_all_reduce(None)      # None: the DeepSpeed orch writes for
 
 
+def test_zero1_all_reduces_from_deepspeed_0_4_4():
+    """ZeRO-1 with contiguous_gradients forced off (PR #1246, v0.4.4) takes buffered_reduce_fallback: an
+    all-reduce of each bucket; ZeRO-2 still reduces each slice to its owner until 0.12.4."""
+    assert not ds_bucket_all_reduce("0.4.3", zero_stage=1) and ds_bucket_all_reduce("0.4.4", zero_stage=1)
+    assert ds_bucket_all_reduce("0.5", zero_stage=1) and ds_bucket_all_reduce("0.12.3", zero_stage=1)
+    assert not ds_bucket_all_reduce("0.5", zero_stage=2)
+
+
 def test_zero2_copies_every_micro_batch_zero1_once():
     one = ds_zero12_copy_bytes(1e6, 4, dp=2, micro_batches=1, zero_stage=2)
     assert ds_zero12_copy_bytes(1e6, 4, dp=2, micro_batches=4, zero_stage=2) > 2.5 * one
