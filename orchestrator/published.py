@@ -36,6 +36,9 @@ PLAUSIBLE_MICRO_BATCHES = (1, 2, 4, 8)
 
 GPU_KEYS = {"A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb", "H100-SXM5-80GB": "h100-sxm"}
 
+# ModelSpec fields a case's "model" may state beyond its shape (defaults: GPT-2/3 style, as Table 1).
+MODEL_SPEC_KEYS = ("tie_embeddings", "position_embedding")
+
 
 # Published runs that are not in the reference file, in its format. Printed beside Table 1 by
 # benchmarks/accuracy.py; no tolerance is attached to them.
@@ -134,9 +137,57 @@ def _mt_nlg(nodes: int, iteration_s: float, tflops: float) -> dict:
     }
 
 
+# GPT-NeoX-20B: its TFLOP/s count FLOPs its own way (published.flops_per_token, see published_step_s).
+NEOX_20B_PARAMS = 20_556_201_984     # the released model's parameter count (model card, 20B.yml model)
+
+
+def neox_flops_per_token(params: int, seq: int, hidden: int, layers: int) -> float:
+    """FLOPs per token that GPT-NeoX's own throughput log counts (megatron/logging.py get_flops at the 20B
+    release, commit c560814b: 6 x the model's total parameters + 60 s h l), the figure its paper reports."""
+    return 6 * params + 60 * seq * hidden * layers
+
+
+NEOX_20B = {
+    "id": "neox_20b", "kind": "throughput",
+    "source": "Black et al. 2022, GPT-NeoX-20B (arXiv 2204.06745; ACL BigScience workshop 2022.bigscience-1.9), "
+              "sections 2.2-3 (12 nodes of 8 A100-SXM4-40GB, four ConnectX-6 HCAs per node; tensor parallel 2, "
+              "pipeline parallel 4, ZeRO; 117 teraFLOPS per GPU); the 20B config as trained, "
+              "EleutherAI/gpt-neox configs/20B.yml at the 20B release (commit c560814b, 2022-02-10: 44 layers, "
+              "h 6144, 64 heads, seq 2048, micro-batch 4, 32 gradient accumulation steps, ZeRO stage 1, fp16, "
+              "checkpoint-activations, no weight tying, rotary)",
+    "model": {"layers": 44, "hidden": 6144, "heads": 64, "seq_len": 2048,
+              # 50257 tokens padded to 50432 (make_vocab_size_divisible_by 128 x tp 2; model card)
+              "vocab": 50432, "tie_embeddings": False, "position_embedding": "rope"},
+    "cluster": {"gpus": 96, "gpu_type": "A100-SXM4-40GB", "gpus_per_node": 8,
+                # four ConnectX-6 HCAs per node on HDR switches (MQM8700-HS2R: 200 Gb/s ports)
+                "nic_Gbps_per_node": 800},
+    "global_batch": 1536,    # micro-batch 4 x 32 accumulation steps x dp 12 (the paper's "~3.15M tokens")
+    "published": {"tp": 2, "pp": 4, "dp": 12, "micro_batch": 4, "zero_stage": 1, "recompute": "full",
+                  "precision": "fp16", "tflops_per_gpu": 117, "engine": "deepspeed",
+                  "flops_per_token": neox_flops_per_token(NEOX_20B_PARAMS, 2048, 6144, 44),
+                  "engine_version": "0.3.15", "engine_version_source": (
+                      "requirements/requirements.txt at the 20B release (c560814b) pins EleutherAI's DeepSpeed fork "
+                      "DeeperSpeed at eb7f5cff (2021-09-20), whose version.txt reads 0.3.15; its pipeline engine "
+                      "partitions activations but not gradients (pipe/engine.py: is_grad_partitioned = False), the "
+                      "pre-0.5.4 hand-overs of estimate/engines.py ds_pipe_hand_overs, and its ZeRO-1 is "
+                      "runtime/zero/stage1.py (reduce-scatter of the gradients, reduce_scatter: true)")},
+    "notes": "DeepSpeed pipeline engine (DeeperSpeed) with Megatron tensor parallelism. The 117 TFLOP/s count "
+             "6N + 60shl FLOPs per token (GPT-NeoX's get_flops), not eq. 3: 43.85 s per step. Not modelled: the "
+             "parallel attention + MLP residual (gpt_j_residual: one tensor-parallel all-reduce per layer and "
+             "pass instead of two) and synchronize-each-layer (a device synchronize around each checkpointed "
+             "layer); the config's partition-activations is false, as the memory model assumes",
+    "verification": "layout, batch, precision, ZeRO stage and model from the official 20B.yml at the release commit "
+                    "(read in the EleutherAI/gpt-neox git history); 117 TFLOP/s and tp 2 / pp 4 from a public "
+                    "section-by-section transcription of the ACL paper (section 3); checked against the paper's "
+                    "training time as transcribed by nl2code.github.io (1,830 hours for 150,000 steps = 43.92 s "
+                    "per step): 117 TFLOP/s by the release's own FLOPs formula at batch 1536 x 2048 is 43.85 s "
+                    "per step (0.2% apart; eq. 3 would give 47.6 s)",
+}
+
+
 ZERO3_530B = (zero3_530b_case(640, 2560, 4, 138), zero3_530b_case(1120, 2240, 2, 98), zero3_530b_case(2240, 2240, 1, 48))
 MT_NLG_530B = (_mt_nlg(280, 60.1, 126), _mt_nlg(350, 50.2, 121), _mt_nlg(420, 44.4, 113))
-EXTRA_CASES = (BLOOM_176B, *MT_NLG_530B, *ZERO3_530B)
+EXTRA_CASES = (BLOOM_176B, *MT_NLG_530B, *ZERO3_530B, NEOX_20B)
 
 
 def load_cases(path: str | Path, kind: str | None = None) -> list[dict]:
@@ -152,7 +203,8 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
     data = {
         "name": case["id"].replace(".", "_")[:64],
         "model": {"num_layers": m["layers"], "hidden_size": m["hidden"], "num_attention_heads": m["heads"],
-                  "vocab_size": m["vocab"], "seq_length": m["seq_len"], "flash_attention": False},
+                  "vocab_size": m["vocab"], "seq_length": m["seq_len"], "flash_attention": False,
+                  **{k: m[k] for k in MODEL_SPEC_KEYS if k in m}},
         "cluster": {"gpu": GPU_KEYS[c["gpu_type"]], "num_nodes": c["gpus"] // gpn, "gpus_per_node": gpn},
         "training": {"global_batch_size": case["global_batch"], "precision": pub.get("precision", "fp16"),
                      "engine": case_engine(case)},
@@ -180,6 +232,19 @@ def nic_share_GBps(nic_Gbps_per_node: float, gpus_per_node: int) -> float:
     from .estimate.cost import CostModel  # noqa: PLC0415
 
     return nic_Gbps_per_node / 8 / gpus_per_node * CostModel().inter_node_efficiency
+
+
+def published_step_s(case: dict) -> float:
+    """The step time a case's published TFLOP/s per GPU imply: its FLOPs per step over the aggregate rate.
+    The FLOPs are eq. 3 of Narayanan et al. (recompute included, as Table 1 and most papers count), or
+    ``published.flops_per_token`` x tokens where the source counts its own way (GPT-NeoX)."""
+    from .estimate.flops import narayanan_flops  # noqa: PLC0415
+
+    m, pub = case["model"], case["published"]
+    tokens = case["global_batch"] * m["seq_len"]
+    flops = (pub["flops_per_token"] * tokens if pub.get("flops_per_token")
+             else narayanan_flops(case["global_batch"], m["seq_len"], m["layers"], m["hidden"], m["vocab"]))
+    return flops / (pub["tflops_per_gpu"] * 1e12 * case["cluster"]["gpus"])
 
 
 def case_engine(case: dict) -> str:
