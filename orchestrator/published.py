@@ -185,9 +185,43 @@ NEOX_20B = {
 }
 
 
+OPT_175B = {
+    "id": "opt_175b", "kind": "throughput",
+    "source": "Zhang et al. 2022, OPT (arXiv 2205.01068), section 2.4 ('We trained OPT-175B on 992 80GB A100 GPUs, "
+              "by utilizing Fully Sharded Data Parallel with Megatron-LM Tensor Parallelism. We achieve utilization "
+              "of up to 147 TFLOP/s per GPU'; FP16 weights, FP32 Adam states sharded) and Table 1 (96 layers, 96 "
+              "heads, h 12288, batch 2M tokens); facebookresearch/metaseq metaseq/launcher/opt_job_constants.py "
+              "(175b: model_parallel 8, batch 2 x 1024^2 tokens) and opt_baselines.py (per-GPU batch (2^21 // dp) "
+              "// 2048 = 8 at dp 124, update-freq 1, fully_sharded with --no-reshard-after-forward, "
+              "--checkpoint-activations --distribute-checkpointed-activations, --memory-efficient-fp16)",
+    "model": {"layers": 96, "hidden": 12288, "heads": 96, "seq_len": 2048,
+              "vocab": 50272},   # GPT-2 BPE with OPT's special tokens, as the released models' embeddings
+    "cluster": {"gpus": 992, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8},
+    "global_batch": 992,     # 8 sequences x 124 data-parallel ranks (2,031,616 tokens: the '2M')
+    "published": {"tp": 8, "pp": 1, "dp": 124, "micro_batch": 8, "zero_stage": 2, "recompute": "full",
+                  "precision": "fp16", "tflops_per_gpu": 147, "engine": "megatron",
+                  "distribute_saved_activations": True},
+    "notes": "FairScale FSDP wrapping each transformer layer (metaseq transformer_decoder.py: FSDP always wraps the "
+             "checkpointed layer) with Megatron tensor parallelism 8. Modelled as Megatron FSDP, the orch engine "
+             "whose sharding matches (estimate/engines.py: one all-gather per layer and pass, one reduce-scatter per "
+             "layer, overlapped), at ZeRO-2: --no-reshard-after-forward keeps each layer's gathered parameters from "
+             "its forward to its backward, so the parameters are gathered once per step and the gradients "
+             "reduce-scattered, ZeRO-2's traffic and memory (the gathered fp16 parameters of the whole tp shard). "
+             "'Up to' 147: the best sustained rate, not the run's mean (hardware failures and restarts excluded); "
+             "its FLOPs are eq. 3's: metaseq's final note counts 4.30E+23 FLOPs for 300B tokens (eq. 3 gives "
+             "4.30e23) and ~33 days on 1024 A100s, i.e. 147 TFLOP/s per GPU. ReLU MLP (GeLU's FLOPs counted), "
+             "learned positions, tied embeddings. Not stated: the network (the catalog's DGX-class 8 x 200 Gb/s "
+             "per node is assumed)",
+    "verification": "section 2.4 read in a full-text conversion of the paper; layout from the released checkpoint "
+                    "(projects/OPT/assets/opt175b_md5sum_shards.csv: model parts 0-7 x FSDP shards 0-123 = tp 8 x "
+                    "dp 124 = 992 GPUs) and the launcher of the metaseq git history; FLOPs convention checked "
+                    "against projects/OPT/chronicles/final_update.md",
+}
+
+
 ZERO3_530B = (zero3_530b_case(640, 2560, 4, 138), zero3_530b_case(1120, 2240, 2, 98), zero3_530b_case(2240, 2240, 1, 48))
 MT_NLG_530B = (_mt_nlg(280, 60.1, 126), _mt_nlg(350, 50.2, 121), _mt_nlg(420, 44.4, 113))
-EXTRA_CASES = (BLOOM_176B, *MT_NLG_530B, *ZERO3_530B, NEOX_20B)
+EXTRA_CASES = (BLOOM_176B, *MT_NLG_530B, *ZERO3_530B, NEOX_20B, OPT_175B)
 
 
 def load_cases(path: str | Path, kind: str | None = None) -> list[dict]:
@@ -286,7 +320,9 @@ def published_estimate(case: dict, cost=None):
     for mb in [case["published"]["micro_batch"]] if case["published"].get("micro_batch") else PLAUSIBLE_MICRO_BATCHES:
         try:
             spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
-            est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case)).chosen
+            est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case),
+                         distribute_saved_activations=bool(case["published"].get("distribute_saved_activations"))
+                         ).chosen
         except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
             last_error = e
             continue

@@ -99,10 +99,15 @@ def logits_bytes(shape: ModelShape, padded_vocab: int, tp: int, micro_batch: int
 @lru_cache(maxsize=65536)
 def estimate_activations(shape: ModelShape, tp: int, pp: int, vpp: int, sp: bool, recompute: str,
                          micro_batch: int, num_microbatches: int, padded_vocab: int,
-                         dtype_bytes: int = 2, split: StageSplit | None = None) -> ActivationsEstimate:
-    """Activation memory of the first, last and first middle pipeline stage for one layout."""
+                         dtype_bytes: int = 2, split: StageSplit | None = None,
+                         distributed_input: bool = False) -> ActivationsEstimate:
+    """Activation memory of the first, last and first middle pipeline stage for one layout.
+    ``distributed_input``: full recompute keeps 1/tp of each layer's input per rank (step.py
+    distributed_saved_input); the working set is the full layer's, as without it."""
     split = split or stage_split(shape.num_layers, pp)
     per_layer = layer_activation_bytes(shape, tp, sp, recompute, micro_batch, dtype_bytes)
+    if distributed_input and recompute == "full":
+        per_layer //= tp
     first_layers = in_flight_chunks(0, pp, vpp, num_microbatches) * (split.first / vpp)
     last_layers = in_flight_chunks(pp - 1, pp, vpp, num_microbatches) * (split.last / vpp)
     middle_layers = in_flight_chunks(1, pp, vpp, num_microbatches) * (split.middle / vpp) if pp > 2 else 0.0

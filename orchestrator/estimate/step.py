@@ -66,10 +66,13 @@ class EstimateContext:
                                   # (orch emits it wherever Megatron allows it; only published runs set it)
     fp8_recipe: str = FP8_RECIPE  # the FP8 scaling recipe orch writes; a published run may have used another
                                   # ("tensorwise": current scaling; only published runs set it)
+    distribute_saved_activations: bool = False   # full recompute keeps each layer's input split over the tp
+                                  # ranks (distributed_saved_input; only published runs set it: orch does not emit it)
 
     @classmethod
     def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None,
-           ep_a2a_overlap: bool = True, fp8_recipe: str = FP8_RECIPE) -> "EstimateContext":
+           ep_a2a_overlap: bool = True, fp8_recipe: str = FP8_RECIPE,
+           distribute_saved_activations: bool = False) -> "EstimateContext":
         cost = cost or CostModel()
         c = spec.cluster
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
@@ -77,7 +80,8 @@ class EstimateContext:
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=engine_of(spec),
                    host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
-                   engine_version=engine_version, ep_a2a_overlap=ep_a2a_overlap, fp8_recipe=fp8_recipe)
+                   engine_version=engine_version, ep_a2a_overlap=ep_a2a_overlap, fp8_recipe=fp8_recipe,
+                   distribute_saved_activations=distribute_saved_activations)
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,17 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
     return with_stage_totals(busiest, stages) if stage_totals else busiest
 
 
+def distributed_saved_input(ctx: EstimateContext, lay: Layout) -> bool:
+    """Whether full recompute keeps each layer's input split over the tp ranks: Megatron's
+    --distribute-saved-activations (core_v0.16.1 tensor_parallel/random.py CheckpointFunction: the forward keeps
+    ``split_tensor_into_1d_equal_chunks`` of the input, the backward rebuilds it with ``gather_split_1d_tensor``,
+    an all-gather over the tp group, before recomputing the layer), as metaseq's
+    --distribute-checkpointed-activations does (modules/checkpoint_activation_wrapper/checkpoint_activations.py,
+    OPT-175B). Megatron allows it with tp > 1 and full recompute, not with sequence parallelism."""
+    return (ctx.distribute_saved_activations and lay.recompute == "full" and lay.tp > 1
+            and not lay.sequence_parallel)
+
+
 def zero3_gather_unit(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> int:
     """Parameters of the largest unit a ZeRO-3 rank gathers (and holds gradients of) at once: DeepSpeed
     gathers module by module (estimate/engines.py), Megatron FSDP a transformer layer at a time."""
@@ -240,7 +255,8 @@ def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> A
     """Activations of one rank: s/cp tokens per sequence (context parallelism), MoE layers' routed rows."""
     acts = estimate_activations(rank_shape(ctx.shape, lay.cp), lay.tp, lay.pp, lay.vpp, lay.sequence_parallel,
                                 lay.recompute, lay.micro_batch_size, num_microbatches(ctx, lay),
-                                params.padded_vocab_size, ctx.hw.dtype_bytes, split_of(ctx, lay))
+                                params.padded_vocab_size, ctx.hw.dtype_bytes, split_of(ctx, lay),
+                                distributed_saved_input(ctx, lay))
     if ctx.shape.moe is None and ctx.precision != "fp8":
         return acts
     return _adjusted_activations(acts, ctx.shape, layer_key(lay), ctx.hw.dtype_bytes, ctx.precision)
@@ -334,6 +350,9 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     tp_bytes, tp_s = tensor_parallel_layer_comm(tokens=tokens, hidden=shape.hidden_size, pl=tp_pl,
                                                 sp=bool(lay.sequence_parallel), full_recompute=lay.recompute == "full",
                                                 hw=hw)
+    if distributed_saved_input(ctx, lay):   # the backward's all-gather of the split input, before the recompute
+        full_input = tokens * shape.hidden_size * hw.dtype_bytes
+        tp_bytes, tp_s = tp_bytes + ring_bytes(full_input, tp, "all_gather"), tp_s + all_gather_s(full_input, tp_pl, hw)
     tp_hidden = tp_overlap_fraction(cost, hw, lay)
     tp_exposed = (1 - tp_hidden) * tp_s
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)

@@ -148,3 +148,24 @@ def test_megatron_args_carry_tp_comm_overlap_exactly_when_the_model_assumed_it()
                            "training": {"global_batch_size": 512, "precision": "bf16"}})
         plan = Plan(spec=spec, layout=dataclasses.replace(LAYOUT, sequence_parallel=sp), chosen={})
         assert ("--tp-comm-overlap" in render_megatron_args(plan)) is expected
+
+
+def test_distributed_saved_input_keeps_one_tp_slice_and_pays_one_all_gather_per_layer():
+    """Megatron's --distribute-saved-activations / metaseq's --distribute-checkpointed-activations (OPT-175B):
+    full recompute stores 1/tp of each layer's input and gathers it back before the recompute."""
+    from orchestrator.estimate.step import EstimateContext, estimate
+    from orchestrator.estimate.comm import all_gather_s, group_placement
+
+    full = dataclasses.replace(LAYOUT, sequence_parallel=False, recompute="full", pp=1, vpp=1, dp=16)
+    plain, split = (estimate(EstimateContext.of(SPEC, distribute_saved_activations=d), full) for d in (False, True))
+    per_layer = plain.memory.activations_bytes - split.memory.activations_bytes
+    stored = 2048 * 2 * SPEC.model.hidden_size * 2          # s * b * h, 16-bit, per layer in flight
+    layers = SPEC.model.num_layers
+    assert per_layer == pytest.approx(layers * stored * (1 - 1 / 4), rel=1e-3)
+    ctx = EstimateContext.of(SPEC)
+    gather = all_gather_s(stored, group_placement(4, 1, 8), ctx.hw)
+    assert split.comm.tp_s - plain.comm.tp_s == pytest.approx(plain.num_microbatches * layers * gather, rel=1e-6)
+    # with sequence parallelism the layer input is already split: the flag changes nothing (Megatron refuses both)
+    sp = dataclasses.replace(full, sequence_parallel=True)
+    assert (estimate(EstimateContext.of(SPEC, distribute_saved_activations=True), sp).step_time_s
+            == estimate(EstimateContext.of(SPEC), sp).step_time_s)
