@@ -219,9 +219,30 @@ OPT_175B = {
 }
 
 
+MEGATRON_GPT3_175B = {
+    "id": "megatron_lm_gpt3_175b_1024gpu", "kind": "throughput",
+    "source": "NVIDIA Megatron-LM README, 'GPT-3 Example' (commit 152aab304d, 2021-01-11: 'With full global batch size "
+              "of 1536 on 1024 A100 GPUs, each iteration takes around 32 seconds resulting in 138 teraFLOPs per GPU'); "
+              "examples/pretrain_gpt3_175B.sh at that commit (tp 8, pp 16, 96 layers, h 12288, 96 heads, seq 2048, "
+              "micro-batch 1, global batch 1536, fp16, --checkpoint-activations; GPT-2 vocabulary)",
+    "model": {"layers": 96, "hidden": 12288, "heads": 96, "seq_len": 2048,
+              "vocab": 51200},   # 50257 padded to a multiple of 128 x tp 8 (--make-vocab-size-divisible-by 128)
+    "cluster": {"gpus": 1024, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8},
+    "global_batch": 1536,
+    "published": {"tp": 8, "pp": 16, "dp": 8, "micro_batch": 1, "vpp": 1, "zero_stage": 0, "recompute": "full",
+                  "precision": "fp16", "tflops_per_gpu": 138, "iteration_s": 32},
+    "notes": "Megatron-LM of January 2021: no interleaved schedule yet (--num-layers-per-virtual-pipeline-stage "
+             "arrived 2021-02-13, dcef906978), so vpp 1; no scatter/gather of the pipeline hand-overs either (each "
+             "tp rank sends the whole activation; the cost model prices the scattered transfer); plain data "
+             "parallelism (--DDP-impl local). The README's 138 TFLOP/s are eq. 3's FLOPs in 32 s (137.7)",
+    "verification": "README and example script read in the NVIDIA/Megatron-LM git history (mirror); eq. 3 at batch "
+                    "1536 x 2048 in 32 s on 1024 GPUs gives 137.7 TFLOP/s, the README's 138",
+}
+
+
 ZERO3_530B = (zero3_530b_case(640, 2560, 4, 138), zero3_530b_case(1120, 2240, 2, 98), zero3_530b_case(2240, 2240, 1, 48))
 MT_NLG_530B = (_mt_nlg(280, 60.1, 126), _mt_nlg(350, 50.2, 121), _mt_nlg(420, 44.4, 113))
-EXTRA_CASES = (BLOOM_176B, *MT_NLG_530B, *ZERO3_530B, NEOX_20B, OPT_175B)
+EXTRA_CASES = (BLOOM_176B, *MT_NLG_530B, *ZERO3_530B, NEOX_20B, OPT_175B, MEGATRON_GPT3_175B)
 
 
 def load_cases(path: str | Path, kind: str | None = None) -> list[dict]:
@@ -251,6 +272,8 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
                                "sequence_parallel": False, "offload": "none"}
         if pub.get("micro_batch"):
             data["parallelism"]["micro_batch_size"] = pub["micro_batch"]
+        if pub.get("vpp"):         # software without interleaving (Megatron-LM before 2021-02) states vpp 1
+            data["parallelism"]["virtual_pipeline"] = pub["vpp"]
         # DeepSpeed places the balanced uneven split; Megatron's planner also weighs counting the embedding
         # and the loss in the split (which allows interleaving), so the split is left to it.
         split = (balanced_split(m["layers"], pub["pp"]) if m["layers"] % pub["pp"] and case_engine(case) == "deepspeed"
