@@ -37,7 +37,7 @@ PLAUSIBLE_MICRO_BATCHES = (1, 2, 4, 8)
 GPU_KEYS = {"A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb", "H100-SXM5-80GB": "h100-sxm"}
 
 # ModelSpec fields a case's "model" may state beyond its shape (defaults: GPT-2/3 style, as Table 1).
-MODEL_SPEC_KEYS = ("tie_embeddings", "position_embedding")
+MODEL_SPEC_KEYS = ("tie_embeddings", "position_embedding", "ffn_hidden_size", "gated_mlp")
 
 
 # Published runs that are not in the reference file, in its format. Printed beside Table 1 by
@@ -240,9 +240,54 @@ MEGATRON_GPT3_175B = {
 }
 
 
+def glm_flops_per_token() -> float:
+    """FLOPs per token behind GLM-130B's MFU, 'following the calculation in (Chowdhery et al., 2022)': PaLM's
+    6N + 12 L H Q T (L layers, H heads, Q head size, T sequence), N the model's parameters counted here from
+    its shape (70 layers of QKV + output 4h^2, GeGLU 3 h f and their biases and norms; the 150,528 x h tied
+    embedding): 128.7e9 ('130B')."""
+    h, f, layers, vocab = 12288, 32768, 70, 150528
+    n = layers * (4 * h * h + 3 * h * f + 9 * h + 2 * f) + vocab * h + 2 * h
+    return 6 * n + 12 * layers * h * 2048
+
+
+GLM_130B = {
+    "id": "glm_130b", "kind": "throughput",
+    "source": "Zeng et al. 2022, GLM-130B (arXiv 2210.02414, ICLR 2023), section 2.3 (96 DGX-A100 40G nodes; "
+              "DeepSpeed's PipeDream-Flush pipeline, 4-way tensor and 8-way pipeline parallelism, global batch "
+              "4,224; HFU 43.3% and MFU 32.5% by Chowdhery et al.'s calculation; 9 x 8 - 2 = 70 layers, the "
+              "first and last stage one layer lighter), Appendix B.4 (m = 176 micro-batches, p = 8) and Table 11 "
+              "(full training configuration: micro_batch_size 1, data_parallel_size 24, zero_stage 1, fp16, "
+              "checkpoint_activations, partition_activations, hidden 12288, ffn 32768 GeGLU, 96 heads, rotary, "
+              "seq 2048, make_vocab_size_divisible_by 768, zero_contigious_gradients False)",
+    "model": {"layers": 70, "hidden": 12288, "heads": 96, "seq_len": 2048,
+              "vocab": 150528,   # icetk's 150,000 padded to a multiple of 768 (the released model's 150528)
+              "ffn_hidden_size": 32768, "gated_mlp": True, "position_embedding": "rope"},
+    "cluster": {"gpus": 768, "gpu_type": "A100-SXM4-40GB", "gpus_per_node": 8},
+    "global_batch": 4224,
+    "published": {"tp": 4, "pp": 8, "dp": 24, "micro_batch": 1, "zero_stage": 1, "recompute": "full",
+                  "precision": "fp16", "tflops_per_gpu": round(0.325 * 312, 1), "engine": "deepspeed",
+                  "flops_per_token": glm_flops_per_token(), "distribute_saved_activations": True,
+                  "engine_version": "0.6", "engine_version_source": (
+                      "not stated in the paper (the released code asks for 'DeepSpeed 0.6+'); trained until "
+                      "2022-07-03 (README: 'As of July 3rd, 2022, GLM-130B has been trained on over 400 billion "
+                      "text tokens'), before v0.6.6 (tag 2022-07-13), so at most v0.6.5; every release from "
+                      "v0.5.4 to v0.9.x shares the paths the cost model distinguishes for an fp16 ZeRO-1 pipeline "
+                      "run (estimate/engines.py: ZeRO-1 bucket all-reduce since v0.4.4, partitioned gradient "
+                      "hand-overs since v0.5.4)")},
+    "notes": "DeepSpeed pipeline engine with Megatron tensor parallelism (tp 4 inside a node); the DeepSpeed "
+             "activation checkpointing's partition_activations keeps 1/tp of each checkpointed input (as "
+             "distribute_saved_activations). The split 8 + 6 x 9 + 8 is the balanced uneven split. GLM's "
+             "bidirectional context attention and DeepNorm post-LN cost what causal pre-LN layers cost here. The "
+             "MFU is the reference (32.5% of 312 TFLOP/s, PaLM's FLOPs); its HFU (43.3%) with full recompute, "
+             "8N + 16LHQT, implies the same step (88 s). Not stated: the network (the catalog's DGX A100 figures)",
+    "verification": "section 2.3, Appendix B.4 and Table 11 read in two full-text conversions of arXiv 2210.02414 "
+                    "(HTML and PDF); padded vocabulary 150528 in the THUDM/GLM-130B evaluation logs",
+}
+
+
 ZERO3_530B = (zero3_530b_case(640, 2560, 4, 138), zero3_530b_case(1120, 2240, 2, 98), zero3_530b_case(2240, 2240, 1, 48))
 MT_NLG_530B = (_mt_nlg(280, 60.1, 126), _mt_nlg(350, 50.2, 121), _mt_nlg(420, 44.4, 113))
-EXTRA_CASES = (BLOOM_176B, *MT_NLG_530B, *ZERO3_530B, NEOX_20B, OPT_175B, MEGATRON_GPT3_175B)
+EXTRA_CASES = (BLOOM_176B, *MT_NLG_530B, *ZERO3_530B, NEOX_20B, OPT_175B, MEGATRON_GPT3_175B, GLM_130B)
 
 
 def load_cases(path: str | Path, kind: str | None = None) -> list[dict]:

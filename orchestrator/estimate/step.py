@@ -238,7 +238,9 @@ def distributed_saved_input(ctx: EstimateContext, lay: Layout) -> bool:
     ``split_tensor_into_1d_equal_chunks`` of the input, the backward rebuilds it with ``gather_split_1d_tensor``,
     an all-gather over the tp group, before recomputing the layer), as metaseq's
     --distribute-checkpointed-activations does (modules/checkpoint_activation_wrapper/checkpoint_activations.py,
-    OPT-175B). Megatron allows it with tp > 1 and full recompute, not with sequence parallelism."""
+    OPT-175B) and DeepSpeed's activation checkpointing with partition_activations (runtime/
+    activation_checkpointing/checkpointing.py: the inputs kept as 1/mp partitions, gathered back in the backward;
+    GLM-130B). Megatron allows it with tp > 1 and full recompute, not with sequence parallelism."""
     return (ctx.distribute_saved_activations and lay.recompute == "full" and lay.tp > 1
             and not lay.sequence_parallel)
 
