@@ -286,40 +286,61 @@ GLM_130B = {
 }
 
 
-TORCHTITAN_LLAMA3_70B = {
-    "id": "torchtitan_llama3_70b_fsdp_64gpu", "kind": "throughput",
-    "source": "pytorch/torchtitan docs/performance.md (commit 1ea476e9f, 2024-04-24), 'Llama 3 performance numbers': "
-              "FSDP2 on 64 A100 (80GB), Llama 3 70B, local batch size 1 (global 64), full activation checkpointing, "
-              "331 WPS (tokens per second per GPU: train.py divides by the model-parallel size, 1 here), MFU 51.7%; "
-              "train_configs/llama3_70b.toml (seq_len 8192, compile false) and torchtitan/models/llama (70B: dim "
-              "8192, 80 layers, 64 heads, 8 KV heads, ffn_dim_multiplier 1.3, multiple_of 4096) at that commit",
-    "model": {"layers": 80, "hidden": 8192, "heads": 64, "seq_len": 8192, "vocab": 128256,
-              "num_query_groups": 8, "ffn_hidden_size": 28672, "gated_mlp": True, "normalization": "rmsnorm",
-              "position_embedding": "rope", "tie_embeddings": False, "add_bias_linear": False,
-              "flash_attention": True},
-    "cluster": {"gpus": 64, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8},
-    "global_batch": 64,
-    "published": {"tp": 1, "pp": 1, "dp": 64, "micro_batch": 1, "zero_stage": 3, "recompute": "full",
-                  "precision": "bf16", "tokens_per_s_per_gpu": 331,
-                  "tflops_per_gpu": round(0.517 * 312, 1),   # its MFU (6N + 12 l h q t FLOPs) of 312 TFLOP/s
-                  "engine": "megatron"},
-    "notes": "PyTorch FSDP2 (parallelize_llama.py at that commit: fully_shard per transformer block, "
-             "reshard_after_forward except the last block, bf16 parameters, fp32 gradient reduction, "
-             "checkpoint_wrapper per block) modelled as Megatron FSDP at ZeRO-3, the orch engine whose sharding "
-             "matches (one all-gather per layer and pass, one reduce-scatter per layer, overlapped; gradients "
-             "reduced in fp32 as Megatron's bf16 runs do). SDPA attention (flash). Not stated: the network; the "
-             "catalog's 8 x 200 Gb/s per node is assumed; at a quarter of it (50 Gb/s per GPU) the prediction "
-             "drops by 10% (351 -> 317 tokens/s per GPU with cluster.inter_node_bandwidth_GBps 5.6)",
-    "verification": "docs/performance.md, the 70B config, model arguments, FSDP wrapping and the WPS/MFU code "
-                    "read at commit 1ea476e9f in the pytorch/torchtitan git history; MFU 51.7% at 331 WPS checks "
-                    "with torchtitan's 6N + 12 l h q t per token, N = all 70.55e9 parameters (utils.get_num_params): 51.74%",
+# Llama shapes at torchtitan commit 1ea476e9f (torchtitan/models/llama/__init__.py; SwiGLU width from model.py's
+# FeedForward: int(2 * 4h / 3), times ffn_dim_multiplier, rounded up to multiple_of)
+LLAMA_COMMON = {"gated_mlp": True, "normalization": "rmsnorm", "position_embedding": "rope", "tie_embeddings": False,
+                "add_bias_linear": False, "flash_attention": True}
+TORCHTITAN_MODELS = {
+    "llama3_70b": {"layers": 80, "hidden": 8192, "heads": 64, "num_query_groups": 8, "ffn_hidden_size": 28672,
+                   "vocab": 128256, "seq_len": 8192},
+    "llama2_70b": {"layers": 80, "hidden": 8192, "heads": 64, "num_query_groups": 8, "ffn_hidden_size": 28672,
+                   "vocab": 32000, "seq_len": 4096},
+    "llama2_13b": {"layers": 40, "hidden": 5120, "heads": 40, "ffn_hidden_size": 13824, "vocab": 32000,
+                   "seq_len": 4096},
 }
 
+
+def torchtitan_case(model: str, micro_batch: int, recompute: str, wps: float, mfu: float) -> dict:
+    """A row of torchtitan's 'performance numbers' (docs/performance.md at commit 1ea476e9f, 2024-04-24): FSDP2 on
+    64 A100 (80GB), local batch ``micro_batch`` (global 64 x it), ``wps`` tokens per second per GPU."""
+    return {
+        "id": f"torchtitan_{model}_fsdp_64gpu", "kind": "throughput",
+        "source": "pytorch/torchtitan docs/performance.md (commit 1ea476e9f, 2024-04-24), FSDP2 on 64 A100 (80GB): "
+                  f"{model}, local batch size {micro_batch}, activation checkpointing "
+                  f"{'full' if recompute == 'full' else 'no'}, {wps} WPS (tokens per second per GPU: train.py "
+                  f"divides by the model-parallel size, 1 here), MFU {mfu:.1%}; train_configs (seq_len, compile "
+                  "false) and torchtitan/models/llama at that commit",
+        "model": {**TORCHTITAN_MODELS[model], **LLAMA_COMMON},
+        "cluster": {"gpus": 64, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8},
+        "global_batch": 64 * micro_batch,
+        "published": {"tp": 1, "pp": 1, "dp": 64, "micro_batch": micro_batch, "zero_stage": 3, "recompute": recompute,
+                      "precision": "bf16", "tokens_per_s_per_gpu": wps,
+                      "tflops_per_gpu": round(mfu * 312, 1),   # its MFU (6N + 12 l h q t FLOPs) of 312 TFLOP/s
+                      "engine": "megatron"},
+        "notes": "PyTorch FSDP2 (parallelize_llama.py at that commit: fully_shard per transformer block, "
+                 "reshard_after_forward except the last block, bf16 parameters, fp32 gradient reduction, "
+                 "checkpoint_wrapper per block under full AC) modelled as Megatron FSDP at ZeRO-3, the orch engine "
+                 "whose sharding matches (one all-gather per layer and pass, one reduce-scatter per layer, "
+                 "overlapped; gradients reduced in fp32 as Megatron's bf16 runs do). SDPA attention (flash). Not "
+                 "stated: the network; the catalog's 8 x 200 Gb/s per node is assumed (Llama 3 70B: at a quarter "
+                 "of it, cluster.inter_node_bandwidth_GBps 5.6, the prediction drops by 10%, 351 -> 317 tokens/s "
+                 "per GPU). The Llama 3 8B and Llama 2 13B rows with torchtitan's selective AC are left out: its "
+                 "per-op and per-layer policies are not Megatron's selective recompute",
+        "verification": "docs/performance.md, the train configs, model arguments, FSDP wrapping and the WPS/MFU code "
+                        "read at commit 1ea476e9f in the pytorch/torchtitan git history; the MFU checks with "
+                        "torchtitan's 6N + 12 l h q t per token, N = all parameters (utils.get_num_params; Llama 3 "
+                        "70B: 70.55e9 at 331 WPS gives 51.74%)",
+    }
+
+
+TORCHTITAN_FSDP = (torchtitan_case("llama3_70b", 1, "full", 331, 0.517),
+                   torchtitan_case("llama2_70b", 2, "full", 353, 0.505),
+                   torchtitan_case("llama2_13b", 2, "none", 2162, 0.611))
 
 ZERO3_530B = (zero3_530b_case(640, 2560, 4, 138), zero3_530b_case(1120, 2240, 2, 98), zero3_530b_case(2240, 2240, 1, 48))
 MT_NLG_530B = (_mt_nlg(280, 60.1, 126), _mt_nlg(350, 50.2, 121), _mt_nlg(420, 44.4, 113))
 EXTRA_CASES = (BLOOM_176B, *MT_NLG_530B, *ZERO3_530B, NEOX_20B, OPT_175B, MEGATRON_GPT3_175B, GLM_130B,
-               TORCHTITAN_LLAMA3_70B)
+               *TORCHTITAN_FSDP)
 
 
 def load_cases(path: str | Path, kind: str | None = None) -> list[dict]:
