@@ -13,8 +13,9 @@ no ZeRO (plain data parallelism). A case may say ``"precision"`` in its publishe
 DeepSpeed runs are modelled on the DeepSpeed they ran (:func:`case_engine_version`): a case states its release
 in ``published.engine_version``, with the evidence in ``published.engine_version_source`` (a paper rarely
 names it; the release history and the paper's date bound it). A DeepSpeed case without one is predicted as the
-DeepSpeed orch writes configs for. The three ZeRO-3 rows of Narayanan et al. 2021, Table 2 ran a 0.3.x
-release (per-parameter, host-synchronous collectives on tensor lists: estimate/engines.py).
+DeepSpeed orch writes configs for. The ZeRO-3 rows of Narayanan et al. 2021, Table 2 (175B in the reference
+file, 530B in :data:`EXTRA_CASES`) ran a 0.3.x release (per-parameter, host-synchronous collectives on tensor
+lists: estimate/engines.py).
 
 Where a case's layer count does not divide its pipeline degree, a DeepSpeed case gets the balanced uneven
 split (:func:`orchestrator.stages.balanced_split`: first and last stage lighter, middle stages equal), which

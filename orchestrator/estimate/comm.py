@@ -34,9 +34,11 @@ What is sent:
   than one GEMM weight), so module i+1's gather runs behind module i's compute; with a layer's modules
   of similar size that is the aggregate rule of :func:`data_parallel_comm` (hidden up to ``overlap`` of the
   pass, the first gather exposed). DeepSpeed before 0.6 (estimate/engines.py Zero3Runtime) prefetches the
-  same way, but the host synchronizes the device at every fetch and then, before it launches the module's
-  compute, zeroes the next gather's buffer and (before 0.5.5) walks the n ranks to build the gather's list of
-  n views, which ProcessGroupNCCL copies back one by one: that host work is exposed, n per gather; before
+  same way unless stage3_max_live_parameters elements are already gathered (counted module use by module
+  use: :func:`_legacy_zero3_gathers`), but the host synchronizes the device at every fetch and then, before it
+  launches the module's compute, zeroes the next gather's buffer and (before 0.5.5) walks the n ranks to build
+  the gather's list of n views, which ProcessGroupNCCL copies back one by one: that host work is exposed, n
+  per gather; before
   0.4.3 the gradients are all-reduced in reduce buckets, from 0.4.3 to 0.6 reduce-scattered per parameter on
   lists of n views (the same per-rank loop and copies, in the backward's hooks: hidden like the
   reduction). NCCL does not thin its channels for these

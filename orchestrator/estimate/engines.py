@@ -275,7 +275,7 @@ def ds_pipeline_host_exposed(engine: str, pp: int) -> bool:
 # DeepSpeed's pipeline engine with tensor parallelism hands activations over as ``PartitionedTensor``s
 # (pipe/engine.py ``is_pipe_partitioned = is_model_parallel`` since v0.3; from v0.13 behind the
 # ``pipeline.pipe_partitioned`` config key, true by default): the sender keeps its 1/tp slice (runtime/utils.py
-# PartitionedTensor._partition_tensor) and sends two tensors, ``to_meta()`` (a LongTensor of 2 + ndim + tp + 1
+# PartitionedTensor._partition_tensor) and sends two tensors, ``to_meta()`` (a LongTensor of 3 + ndim + tp + 1
 # elements) and the slice; the receiver rebuilds the full tensor with ``full()``: a ``torch.zeros`` buffer and one
 # all-gather over the tp group. Gradients are partitioned the same way from v0.5.4 (``is_grad_partitioned =
 # is_model_parallel``, PR #1407 "Big science related changes", 2021-09-29; ``pipeline.grad_partitioned`` from
@@ -288,8 +288,7 @@ def ds_pipeline_host_exposed(engine: str, pp: int) -> bool:
 # * before: 2 slices with their metas (the activations), 2 full gradients, and 2 all-gathers (the received
 #   input; the stage's own output, re-gathered at RecvGrad).
 DS_PIPE_GRAD_PARTITIONED_SINCE = (0, 5, 4)
-DS_PIPE_META_BYTES_PER_RANK = 8           # one int64 per tp rank ...
-DS_PIPE_META_BYTES_FIXED = 8 * (2 + 3 + 1)  # ... plus ndim, the shape (3 dims), num_parts and the rank
+DS_PIPE_META_FIXED_ELEMENTS = 1 + 3 + 1 + 1   # ndim, the shape (3 dims), num_parts, rank; then tp + 1 bounds
 
 
 @dataclass(frozen=True)
@@ -314,8 +313,8 @@ def ds_pipe_hand_overs(version: str | None) -> PipeHandOvers:
 
 
 def ds_pipe_meta_bytes(tp: int) -> int:
-    """Bytes of one PartitionedTensor.to_meta() tensor: [ndim, *shape, num_parts, rank, *partition (tp + 1)]."""
-    return DS_PIPE_META_BYTES_FIXED + DS_PIPE_META_BYTES_PER_RANK * (tp + 1)
+    """Bytes of one PartitionedTensor.to_meta() int64 tensor: [ndim, *shape, num_parts, rank, *partition (tp + 1)]."""
+    return 8 * (DS_PIPE_META_FIXED_ELEMENTS + tp + 1)
 
 
 # DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py, first in v0.6.2 with "bf16+pipeline
