@@ -2,7 +2,6 @@
 search over ep/etp/cp, and the published H100 runs (tests/data/published-moe-cp-fp8.json)."""
 from __future__ import annotations
 
-import dataclasses
 import statistics
 
 import pytest
@@ -11,7 +10,7 @@ from orchestrator.estimate.context import attention_scale, context_layer_comm
 from orchestrator.estimate.layer import LayerKey, rank_layer
 from orchestrator.estimate.moe import all_to_all_s, expert_work, moe_host_s
 from orchestrator.estimate.params import active_layer_matrix_params, estimate_params, model_shape
-from orchestrator.estimate.step import EstimateContext, estimate, estimate_layout
+from orchestrator.estimate.step import EstimateContext, estimate_layout
 from orchestrator.layout import layout_from_spec
 from orchestrator.plan import build_plan
 from orchestrator.planner import search
