@@ -11,6 +11,7 @@ per-step cost as b.
 """
 from __future__ import annotations
 
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -37,15 +38,6 @@ def gap_rows() -> list[dict]:
     return rows
 
 
-def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares line y = a x + b."""
-    n = len(points)
-    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    a = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return a, my - a * mx
-
-
 def main() -> int:
     rows = gap_rows()
     print(f"{'case':<22} {'m':>4} {'published s':>11} {'predicted s':>11} {'gap s':>7} {'gap/m ms':>8} "
@@ -58,7 +50,7 @@ def main() -> int:
         by_model[r["model"]].append((r["m"], r["gap"]))
     for model, points in by_model.items():
         if len(points) >= 3:
-            a, b = fit(points)
+            a, b = statistics.linear_regression(*zip(*points))      # least squares: gap = a x m + b
             print(f"layers x hidden {model}: gap = {1e3 * a:.1f} ms x m + {b:.2f} s over m = "
                   f"{sorted(m for m, _ in points)}")
     return 0
