@@ -158,21 +158,12 @@ def ds_zero3_fetch_schedule(module_elements: tuple[int, ...], layers: int, full_
     it is released. Every release since 0.3.12 keeps by that rule (stage3_max_reuse_distance, 1e9 by
     default); the live-parameter gate is the pre-0.6 prefetch's (the later coordinator caps a prefetch at
     the room left under max_live instead of skipping it)."""
-    k = len(module_elements)
-    trace = [(layer, i, "f") for layer in range(layers) for i in range(k)]
-    for layer in reversed(range(layers)):
-        if full_recompute:
-            trace += [(layer, i, "r") for i in range(k)]
-        trace += [(layer, i, "b") for i in reversed(range(k))]
+    trace = _module_trace(len(module_elements), layers, full_recompute)
     elements = [module_elements[i] for _, i, _ in trace]
     prefix = [0]
     for e in elements:
         prefix.append(prefix[-1] + e)
-    next_use, seen = [None] * len(trace), {}
-    for t in reversed(range(len(trace))):
-        unit = trace[t][:2]
-        next_use[t] = seen.get(unit)
-        seen[unit] = t
+    next_use = _next_uses(trace)
     status: dict[tuple[int, int], str] = {}          # absent: not gathered; "F" in flight; "A" gathered
     in_flight: list[tuple[int, int]] = []
     live, events = 0, []
@@ -189,21 +180,46 @@ def ds_zero3_fetch_schedule(module_elements: tuple[int, ...], layers: int, full_
         status[unit] = "A"
         prefetched: list[int] = []
         if prefetch_elements and not in_flight and live < max_live:
+            taken = 0
             for s in range(t + 1, len(trace)):
                 u = trace[s][:2]
                 if u not in status:
                     status[u] = "F"
                     in_flight.append(u)
                     prefetched.append(elements[s])
-                    if sum(prefetched) >= prefetch_elements:
+                    taken += elements[s]
+                    if taken >= prefetch_elements:
                         break
-            live += sum(prefetched)
+            live += taken
         events.append(FetchEvent(phase, e, waits, gathered, tuple(prefetched)))
         nxt = next_use[t]
         if nxt is None or prefix[nxt] - prefix[t + 1] >= max_reuse:
             del status[unit]
             live -= e
     return tuple(events)
+
+
+def _module_trace(k: int, layers: int, full_recompute: bool) -> list[tuple[int, int, str]]:
+    """One micro-batch's module uses, (layer, module, phase) in order, for ``k`` modules a layer: every layer
+    forward ("f"); then from the last layer, its recomputed forward ("r", with ``full_recompute``) and its
+    modules in reverse ("b")."""
+    trace = [(layer, i, "f") for layer in range(layers) for i in range(k)]
+    for layer in reversed(range(layers)):
+        if full_recompute:
+            trace += [(layer, i, "r") for i in range(k)]
+        trace += [(layer, i, "b") for i in reversed(range(k))]
+    return trace
+
+
+def _next_uses(trace: list[tuple[int, int, str]]) -> list[int | None]:
+    """For each use of ``trace``, the position of the same module's next use (None: none follows)."""
+    next_use: list[int | None] = [None] * len(trace)
+    seen: dict[tuple[int, int], int] = {}
+    for t in reversed(range(len(trace))):
+        unit = trace[t][:2]
+        next_use[t] = seen.get(unit)
+        seen[unit] = t
+    return next_use
 
 
 @lru_cache(maxsize=1024)
