@@ -345,8 +345,8 @@ def _legacy_zero3_gathers(w: DataParallelWork, pl: Placement, overlap: float, hw
     units = DS_GATHERS_PER_LAYER * layers + 1                          # without w.modules: equal units
     modules = w.modules or (round(w.param_elements / units),) * DS_GATHERS_PER_LAYER
     emb = max(0.0, w.param_elements - layers * sum(modules)) if w.modules else w.param_elements / units
-    events = ds_zero3_fetch_schedule(modules, layers, w.full_recompute, DS_MAX_REUSE_DISTANCE, rt.max_live,
-                                     rt.prefetch_elements)
+    events = ds_zero3_fetch_schedule(modules, layers, w.full_recompute, DS_MAX_REUSE_DISTANCE,
+                                     rt.max_live_elements, rt.prefetch_elements)
     recompute = w.forward_window_s / layers if w.full_recompute else 0.0
     share = {"f": w.forward_window_s / layers, "r": recompute, "b": w.backward_window_s / layers - recompute}
     per_layer = float(sum(modules)) or 1.0

@@ -242,7 +242,7 @@ class Zero3Runtime:
     list_reduce_scatters: bool = False   # one reduce-scatter per parameter on n input views
     allreduce_gradients: bool = False    # bucketed all-reduce of full gradients (contiguous_gradients off)
     prefetch_elements: int = 0           # synchronous fetch: the release's default stage3_prefetch_bucket_size
-    max_live: int = 0                    # synchronous fetch: its default stage3_max_live_parameters (the gate)
+    max_live_elements: int = 0           # synchronous fetch: its default stage3_max_live_parameters (the gate)
 
 
 def ds_version(version: str | None) -> tuple[int, ...]:
@@ -259,7 +259,7 @@ def ds_zero3_runtime(version: str | None) -> Zero3Runtime:
     return Zero3Runtime(synchronous_fetch=synchronous, list_gathers=v < DS_FLAT_GATHERS_SINCE,
                         list_reduce_scatters=not allreduce and synchronous, allreduce_gradients=allreduce,
                         prefetch_elements=DS_LEGACY_PREFETCH_BUCKET_ELEMENTS if synchronous else 0,
-                        max_live=DS_LEGACY_MAX_LIVE_PARAMETERS if synchronous else 0)
+                        max_live_elements=DS_LEGACY_MAX_LIVE_PARAMETERS if synchronous else 0)
 
 
 def ds_pipeline_reduces_after_flush(engine: str, pp: int) -> bool:

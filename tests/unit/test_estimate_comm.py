@@ -132,11 +132,12 @@ def test_deepspeed_zero3_runtime_by_release():
 
     bucket, live = 50_000_000, 1_000_000_000      # stage3_prefetch_bucket_size, stage3_max_live_parameters then
     assert ds_zero3_runtime("0.3") == Zero3Runtime(synchronous_fetch=True, list_gathers=True, allreduce_gradients=True,
-                                                   prefetch_elements=bucket, max_live=live)
+                                                   prefetch_elements=bucket, max_live_elements=live)
     assert ds_zero3_runtime("0.4.3") == Zero3Runtime(synchronous_fetch=True, list_gathers=True,
-                                                     list_reduce_scatters=True, prefetch_elements=bucket, max_live=live)
+                                                     list_reduce_scatters=True, prefetch_elements=bucket,
+                                                     max_live_elements=live)
     assert ds_zero3_runtime("0.5.5") == Zero3Runtime(synchronous_fetch=True, list_reduce_scatters=True,
-                                                     prefetch_elements=bucket, max_live=live)
+                                                     prefetch_elements=bucket, max_live_elements=live)
     assert ds_zero3_runtime("0.6.0") == ds_zero3_runtime(None) == Zero3Runtime()
 
 
@@ -193,7 +194,7 @@ def test_legacy_deepspeed_zero3_all_reduces_gradients_in_the_reduce_buckets():
     assert now.calls == gathers + 4 == gathers + 2e9 // DS_REDUCE_BUCKET_ELEMENTS
     rt = ds_zero3_runtime("0.3")
     events = ds_zero3_fetch_schedule((round(2e9 / (24 * 4 + 1)),) * 4, 24, False, DS_MAX_REUSE_DISTANCE,
-                                     rt.max_live, rt.prefetch_elements)
+                                     rt.max_live_elements, rt.prefetch_elements)
     legacy_gathers = 2 + sum(bool(ev.gathered) + len(ev.prefetched) for ev in events)   # + the embedding's two
     assert old.calls == legacy_gathers + 4 and legacy_gathers < gathers       # the backward reuses some modules
     assert mid.calls - old.calls == 24 * 4 + 1 - 4                 # one reduce-scatter per parameter (same gathers)
