@@ -466,7 +466,9 @@ def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
     instructions (deepspeed/runtime/pipe/schedule.py TrainSchedule, engine.py _exec_send_activations ...):
     4, none overlapped. tests/unit/test_ds_pipeline.py runs TrainSchedule's commands (v0.5.8 and v0.16.4
     orders) with blocking transfers: the same time within 3% (the fill and drain cross each boundary with
-    fewer). The tensor meta exchange (_send_tensor_meta) runs on the first batch only (first_output_send)."""
+    fewer). The tensor meta exchange (_send_tensor_meta) runs on the first batch only (first_output_send);
+    with tp > 1 each hand-over is a PartitionedTensor instead, its own meta tensor sent every micro-batch
+    (ds_runtime.ds_partitioned_transfers_s)."""
     return 4 if engine == "deepspeed" else 2 * vpp
 
 
