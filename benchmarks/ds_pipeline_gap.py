@@ -5,13 +5,13 @@ in units of the predicted pipeline fill and drain (printed only; nothing is fitt
 
 For each published DeepSpeed pipeline run of :data:`orchestrator.published.EXTRA_CASES` it prints the published
 step (the stated iteration time, or the one its per-GPU throughput implies with benchmarks/accuracy.py's FLOP
-count), the predicted step, the
-gap, and the gap over the predicted fill and drain (``breakdown.bubble_s``). For runs of one model at several
+count), the predicted step, the gap, and the gap over the predicted fill and drain (``breakdown.bubble_s``). For runs of one model at several
 micro-batch counts (MT-NLG: 240, 192, 160) it fits gap = a x m + b: a per-micro-batch cost would show as a, a
 per-step cost as b.
 """
 from __future__ import annotations
 
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -38,15 +38,6 @@ def gap_rows() -> list[dict]:
     return rows
 
 
-def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares line y = a x + b."""
-    n = len(points)
-    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    a = sum((x - mx) * (y - my) for x, y in points) / sxx
-    return a, my - a * mx
-
-
 def main() -> int:
     rows = gap_rows()
     print(f"{'case':<22} {'m':>4} {'published s':>11} {'predicted s':>11} {'gap s':>7} {'gap/m ms':>8} "
@@ -59,7 +50,7 @@ def main() -> int:
         by_model[r["model"]].append((r["m"], r["gap"]))
     for model, points in by_model.items():
         if len(points) >= 3:
-            a, b = fit(points)
+            a, b = statistics.linear_regression(*zip(*points))      # least squares: gap = a x m + b
             print(f"layers x hidden {model}: gap = {1e3 * a:.1f} ms x m + {b:.2f} s over m = "
                   f"{sorted(m for m, _ in points)}")
     return 0

@@ -22,9 +22,9 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.estimate.layer import LayerKey, rank_layer  # noqa: E402
 from orchestrator.estimate.moe import moe_host_s  # noqa: E402
-from orchestrator.estimate.precision import FP8_RECIPE  # noqa: E402
 from orchestrator.estimate.step import EstimateContext  # noqa: E402
-from orchestrator.published_layouts import layout_case_spec, load_layout_cases, predicted_layout  # noqa: E402
+from orchestrator.published_layouts import (case_fp8_recipe, layout_case_spec, load_layout_cases,  # noqa: E402
+                                            predicted_layout)
 
 CASES = ROOT / "tests" / "data" / "published-moe-cp-fp8.json"
 
@@ -33,7 +33,7 @@ def layer_row(case: dict) -> dict:
     """Milliseconds per layer and micro-batch for one MoE case: published, predicted, model layer, host."""
     chosen = predicted_layout(case)
     spec = layout_case_spec(case)
-    ctx = EstimateContext.of(spec, fp8_recipe=case.get("fp8_recipe", FP8_RECIPE))
+    ctx = EstimateContext.of(spec, fp8_recipe=case_fp8_recipe(case))
     m, pp = chosen["num_microbatches"], chosen["pp"]
     per = m * ctx.shape.num_layers / pp
     published_step_s = case["gbs"] * case["seq"] / (case["gpus"] * case["tokens_per_s_per_gpu"])
@@ -43,8 +43,8 @@ def layer_row(case: dict) -> dict:
     host = sum(moe_host_s(ctx.shape, chosen["ep"], ctx.precision == "fp8", ctx.fp8_recipe))
     return {"published_ms": 1e3 * published_step_s / per, "predicted_ms": 1e3 * chosen["step_time_s"] / per,
             "layer_ms": 1e3 * (rl.time.forward_s + rl.time.backward_s + rl.ep_s), "host_ms": 1e3 * host,
-            "tokens": case["seq"] * chosen["micro_batch_size"], "local_experts": ctx.shape.moe.num_experts // chosen["ep"],
-            "tag": chosen["tag"]}
+            "tokens": case["seq"] * chosen["micro_batch_size"],
+            "local_experts": ctx.shape.moe.num_experts // chosen["ep"], "tag": chosen["tag"]}
 
 
 def main() -> int:

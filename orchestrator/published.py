@@ -13,8 +13,9 @@ no ZeRO (plain data parallelism). A case may say ``"precision"`` in its publishe
 DeepSpeed runs are modelled on the DeepSpeed they ran (:func:`case_engine_version`): a case states its release
 in ``published.engine_version``, with the evidence in ``published.engine_version_source`` (a paper rarely
 names it; the release history and the paper's date bound it). A DeepSpeed case without one is predicted as the
-DeepSpeed orch writes configs for. The three ZeRO-3 rows of Narayanan et al. 2021, Table 2 ran a 0.3.x
-release (per-parameter, host-synchronous collectives on tensor lists: estimate/engines.py).
+DeepSpeed orch writes configs for. The ZeRO-3 rows of Narayanan et al. 2021, Table 2 (175B in the reference
+file, 530B in :data:`EXTRA_CASES`) ran a 0.3.x release (per-parameter, host-synchronous collectives on tensor
+lists: estimate/engines.py).
 
 Where a case's layer count does not divide its pipeline degree, a DeepSpeed case gets the balanced uneven
 split (:func:`orchestrator.stages.balanced_split`: first and last stage lighter, middle stages equal), which
@@ -109,9 +110,9 @@ MT_NLG_DEEPSPEED_SOURCE = (
     "Selene, so a release no later than v0.5.4 (tag 2021-10-06); v0.4.4-v0.5.4 share the ZeRO-1 path the cost "
     "model distinguishes (engine.py forces contiguous_gradients off for stage 1, so runtime/zero/stage2.py "
     "reduce_ipg_grads takes buffered_reduce_fallback: an all-reduce of each gradient bucket; estimate/engines.py "
-    "ds_bucket_all_reduce) and the pipeline hand-overs: activations in 1/tp slices, gradients whole (PR #1407, "
-    "merged 2021-09-29 into v0.5.4, partitions the gradients too: estimate/engines.py ds_pipe_hand_overs; '0.5' "
-    "reads as v0.5.0-v0.5.3, tagged 2021-08-16 to 09-16, while the model was trained). "
+    "ds_bucket_all_reduce), and v0.5.0-v0.5.3 (tagged 2021-08-16 to 09-16, while the model was trained; '0.5' "
+    "reads as these) the pipeline hand-overs: activations in 1/tp slices, gradients whole (PR #1407, merged "
+    "2021-09-29 into v0.5.4, partitions the gradients too: estimate/engines.py ds_pipe_hand_overs). "
     "No DeepSpeed release up to v0.5.4 knows bf16 (deepspeed/runtime has no bf16 code; v0.5.8 added it for ZeRO-2 "
     "only: 'bfloat16 mode is only enabled for Zero2 currently'), so the bf16 ZeRO-1 pipeline ran an unreleased "
     "build; the cost model prices its fp16 and bf16 paths alike here")

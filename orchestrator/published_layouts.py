@@ -52,7 +52,12 @@ def predicted_layout(case: dict) -> dict:
     (``ep_a2a_overlap: false``, with the recipe in its source), with the case's FP8 scaling recipe."""
     from .planner import search  # noqa: PLC0415
     return search(layout_case_spec(case), top_k=1, ep_a2a_overlap=case.get("ep_a2a_overlap", True),
-                  fp8_recipe=case.get("fp8_recipe", FP8_RECIPE)).chosen.to_dict()
+                  fp8_recipe=case_fp8_recipe(case)).chosen.to_dict()
+
+
+def case_fp8_recipe(case: dict) -> str:
+    """The FP8 scaling recipe a case's run used (``fp8_recipe``); default: the delayed scaling orch writes."""
+    return case.get("fp8_recipe", FP8_RECIPE)
 
 
 def _published_parallelism(case: dict) -> dict:

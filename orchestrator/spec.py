@@ -282,7 +282,7 @@ class TrackingSpec:
 
     wandb: WandbSpec = spec_field(default_factory=WandbSpec, doc="Weights & Biases")
     wall_clock_breakdown: bool = spec_field(False, doc="DeepSpeed wall_clock_breakdown timers")
-    comms_logger: bool = spec_field(False, doc="DeepSpeed comms_logger")
+    comms_logger: bool = spec_field(False, doc="DeepSpeed comms_logger: times every collective (it then synchronizes after each one, so no communication overlaps compute); off leaves the section out of ds_config.json")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -162,7 +162,7 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             "of 8 runs (2026-12-01 06:16-06:20 UTC) was 166-187, median 176.5, and benchmarks/cpu_kernels.py gave "
             "174-175 for the tiny-gpt's training GEMM shapes (forward, data and weight gradient) at 06:24. "
             "GeLU (tanh) is bound by its arithmetic here, not by memory: 0.60/0.61 G elements/s forward and "
-            "0.53/0.56 backward (benchmarks/cpu_kernels.py, 2 runs, 06:24 UTC), ~4x its bytes at 19.5 GB/s; SiLU "
+            "0.53/0.56 backward (benchmarks/cpu_kernels.py, 2 runs, 06:24 UTC; 0.57: their mean, 0.575, to two digits), ~4x its bytes at 19.5 GB/s; SiLU "
             "runs 2.5-2.6 G elements/s, at its bytes",
             matmul_efficiency=1.0, num_sms=1, sustained_clock_fraction=0.91, gelu_elems_per_s=0.57e9,
             attention_efficiency=0.25, runtime_bytes=400 * MiB),

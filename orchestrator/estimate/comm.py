@@ -34,9 +34,11 @@ What is sent:
   than one GEMM weight), so module i+1's gather runs behind module i's compute; with a layer's modules
   of similar size that is the aggregate rule of :func:`data_parallel_comm` (hidden up to ``overlap`` of the
   pass, the first gather exposed). DeepSpeed before 0.6 (estimate/engines.py Zero3Runtime) prefetches the
-  same way, but the host synchronizes the device at every fetch and then, before it launches the module's
-  compute, zeroes the next gather's buffer and (before 0.5.5) walks the n ranks to build the gather's list of
-  n views, which ProcessGroupNCCL copies back one by one: that host work is exposed, n per gather; before
+  same way unless stage3_max_live_parameters elements are already gathered (counted module use by module
+  use: :func:`_legacy_zero3_gathers`), but the host synchronizes the device at every fetch and then, before it
+  launches the module's compute, zeroes the next gather's buffer and (before 0.5.5) walks the n ranks to build
+  the gather's list of n views, which ProcessGroupNCCL copies back one by one: that host work is exposed, n
+  per gather; before
   0.4.3 the gradients are all-reduced in reduce buckets, from 0.4.3 to 0.6 reduce-scattered per parameter on
   lists of n views (the same per-rank loop and copies, in the backward's hooks: hidden like the
   reduction). NCCL does not thin its channels for these
@@ -335,42 +337,44 @@ def _legacy_zero3_gathers(w: DataParallelWork, pl: Placement, overlap: float, hw
     synchronize and the compute launch, exposed (:func:`zero3_gather_host_s`). The embedding (what the
     layers leave of the stage's parameters) is gathered once in the forward and once in the backward,
     exposed, as the first gather of each."""
-    from .engines import DS_MAX_REUSE_DISTANCE, ds_zero3_fetch_schedule  # noqa: PLC0415
+    from .engines import DS_GATHERS_PER_LAYER, DS_MAX_REUSE_DISTANCE, ds_zero3_fetch_schedule  # noqa: PLC0415
 
     rt, layers, n = w.zero3, max(1, w.layers), pl.size
     if w.param_elements <= 0:
         return LegacyGathers(0.0, 0.0, 0.0, 0.0, 0.0, 0)
-    modules = w.modules or (round(w.param_elements / (4 * layers + 1)),) * 4
-    emb = max(0.0, w.param_elements - layers * sum(modules)) if w.modules else w.param_elements / (4 * layers + 1)
-    events = ds_zero3_fetch_schedule(modules, layers, w.full_recompute, DS_MAX_REUSE_DISTANCE, rt.max_live,
-                                     rt.prefetch_elements)
+    units = DS_GATHERS_PER_LAYER * layers + 1                          # without w.modules: equal units
+    modules = w.modules or (round(w.param_elements / units),) * DS_GATHERS_PER_LAYER
+    emb = max(0.0, w.param_elements - layers * sum(modules)) if w.modules else w.param_elements / units
+    events = ds_zero3_fetch_schedule(modules, layers, w.full_recompute, DS_MAX_REUSE_DISTANCE,
+                                     rt.max_live_elements, rt.prefetch_elements)
     recompute = w.forward_window_s / layers if w.full_recompute else 0.0
     share = {"f": w.forward_window_s / layers, "r": recompute, "b": w.backward_window_s / layers - recompute}
     per_layer = float(sum(modules)) or 1.0
+    gathered: list[tuple[float, float, float]] = []                    # (elements, NCCL time, host time)
 
     def gather(elements: float) -> tuple[float, float]:
-        """(NCCL time, host time) of one gather of ``elements``."""
+        """(NCCL time, host time) of one gather of ``elements``, recorded."""
         nbytes = elements * w.param_bytes
-        return all_gather_s(nbytes, pl, hw), zero3_gather_host_s(w, nbytes, n, hw)
+        ring, host = all_gather_s(nbytes, pl, hw), zero3_gather_host_s(w, nbytes, n, hw)
+        gathered.append((elements, ring, host))
+        return ring, host
 
-    ring_s = host_s = hidden_b = pending = behind = 0.0
+    hidden_b = pending = behind = 0.0
     exposed = {"f": 0.0, "b": 0.0}
-    pending_side, gathered = "f", []
+    pending_side = "f"
     for side, elements in (("f", emb), ("b", emb)):
         if elements:
-            ring, host = gather(elements)
-            exposed[side] += ring + host
-            gathered.append(elements)
+            exposed[side] += sum(gather(elements))
     for ev in events:
         side = "f" if ev.phase == "f" else "b"
         if ev.waits and pending:
             exposed[pending_side] += max(0.0, pending - behind)
             hidden_b += min(pending, behind) if pending_side == "b" else 0.0
             pending = 0.0
-        for i, elements in enumerate(((ev.gathered,) if ev.gathered else ()) + ev.prefetched):
+        uses = ((ev.gathered,) if ev.gathered else ()) + ev.prefetched
+        for i, elements in enumerate(uses):
             ring, host = gather(elements)
-            gathered.append(elements)
-            last_prefetch = ev.prefetched and i == len(ev.prefetched) - (0 if ev.gathered else 1)
+            last_prefetch = bool(ev.prefetched) and i == len(uses) - 1
             exposed[side] += host + (0.0 if last_prefetch else ring)
             if last_prefetch:
                 pending, pending_side, behind = ring, side, 0.0
@@ -378,10 +382,8 @@ def _legacy_zero3_gathers(w: DataParallelWork, pl: Placement, overlap: float, hw
     if pending:
         exposed[pending_side] += max(0.0, pending - behind)
         hidden_b += min(pending, behind) if pending_side == "b" else 0.0
-    for elements in gathered:
-        ring, host = gather(elements)
-        ring_s, host_s = ring_s + ring, host_s + host
-    total = sum(gathered) * w.param_bytes
+    ring_s, host_s = sum(g[1] for g in gathered), sum(g[2] for g in gathered)
+    total = sum(g[0] for g in gathered) * w.param_bytes
     return LegacyGathers(ring_bytes(total, n), ring_s + host_s, exposed["f"], exposed["b"], hidden_b, len(gathered))
 
 

@@ -126,10 +126,11 @@ def linears_time_s(tokens: int, shapes: list[tuple[int, int]], hw: Hardware) -> 
 
 def activation_times_s(shape: ModelShape, hw: Hardware, rows: float, width: float) -> tuple[float, float]:
     """(forward, backward) time of an MLP activation (GeLU, or SwiGLU's gate) over rows x width: its memory
-    traffic over the sustained bandwidth, or, for GeLU where the hardware's GeLU rate is known (the CPU
-    target: the tanh costs more than the bytes, catalog ``gelu_elems_per_s``), its elements at that rate."""
+    traffic over the sustained bandwidth; for GeLU where the hardware's GeLU rate is known (the CPU target: the
+    tanh costs more than the bytes, catalog ``gelu_elems_per_s``), its elements at that rate where longer."""
     act, e = rows * width, hw.dtype_bytes
-    fwd, bwd = (3 if shape.gated_mlp else 2) * e * act / hw.hbm_Bps, (5 if shape.gated_mlp else 3) * e * act / hw.hbm_Bps
+    rw_f, rw_b = (3, 5) if shape.gated_mlp else (2, 3)          # tensor reads + writes per element
+    fwd, bwd = rw_f * e * act / hw.hbm_Bps, rw_b * e * act / hw.hbm_Bps
     if hw.gelu_elems_per_s and not shape.gated_mlp:
         fwd, bwd = max(fwd, act / hw.gelu_elems_per_s), max(bwd, act / hw.gelu_elems_per_s)
     return fwd, bwd

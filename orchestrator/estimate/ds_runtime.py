@@ -1,20 +1,22 @@
 """DeepSpeed's runtime terms of a layout on its engine: what the engine's own code adds to a step beyond the
 math and the collectives (ZeRO-3's hook-driven fetches and resident-parameter regather, the offload path's
 per-tensor host work, ZeRO-1/2's buffer copies on the synchronous CPU target, BF16_Optimizer's sharding and
-fp32 gradient copies), each read in DeepSpeed's source (estimate/engines.py says which release does what).
+fp32 gradient copies, the pipeline engine's partitioned hand-overs), each read in DeepSpeed's source
+(estimate/engines.py says which release does what).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .comm import all_gather_s, grad_sync_size, group_placement
-from .engines import (DS_BF16_HP_GRAD_EXTRA_BYTES, ds_backward_regather_share, ds_bf16_optimizer,
-                      ds_zero12_copy_bytes, ds_zero3_runtime, gathers_per_layer, grad_reduce_bytes,
-                      param_tensors_per_layer)
+from .comm import Placement, all_gather_s, grad_sync_size, group_placement, p2p_s
+from .engines import (DS_BF16_HP_GRAD_EXTRA_BYTES, PipeHandOvers, ds_backward_regather_share, ds_bf16_optimizer,
+                      ds_pipe_meta_bytes, ds_zero12_copy_bytes, ds_zero3_runtime, gathers_per_layer,
+                      grad_reduce_bytes, param_tensors_per_layer)
 from .params import ds_layer_modules
 
 if TYPE_CHECKING:
     from ..layout import Layout
+    from .hardware import Hardware
     from .params import ParamsEstimate
     from .step import EstimateContext
 
@@ -87,6 +89,18 @@ def zero12_copies_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int
     nbytes = ds_zero12_copy_bytes(stage_params, grad_reduce_bytes(ctx.engine, ctx.precision, ctx.hw.dtype_bytes),
                                   dp, m, lay.zero_stage)
     return nbytes / ctx.hw.hbm_Bps
+
+
+def ds_partitioned_transfers_s(hand: PipeHandOvers, slice_bytes: float, tp_pl: Placement, inter_node: bool,
+                               hw: Hardware) -> float:
+    """Per micro-batch, a middle stage's pipeline transfers on DeepSpeed's pipeline engine with tp > 1
+    (engines.ds_pipe_hand_overs): blocking sends/receives of 1/tp slices, each after its meta tensor's own, of
+    full tensors (unpartitioned gradients, before 0.5.4), and all-gathers over the tp group ``tp_pl``
+    rebuilding the full tensor."""
+    tp = tp_pl.size
+    slices = hand.slices * (p2p_s(slice_bytes, inter_node, hw) + p2p_s(ds_pipe_meta_bytes(tp), inter_node, hw))
+    full = hand.full * p2p_s(slice_bytes * tp, inter_node, hw)
+    return slices + full + hand.gathers * all_gather_s(slice_bytes * tp, tp_pl, hw)
 
 
 def uses_bf16_optimizer(ctx: EstimateContext, lay: Layout) -> bool:

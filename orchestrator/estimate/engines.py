@@ -158,21 +158,12 @@ def ds_zero3_fetch_schedule(module_elements: tuple[int, ...], layers: int, full_
     it is released. Every release since 0.3.12 keeps by that rule (stage3_max_reuse_distance, 1e9 by
     default); the live-parameter gate is the pre-0.6 prefetch's (the later coordinator caps a prefetch at
     the room left under max_live instead of skipping it)."""
-    k = len(module_elements)
-    trace = [(layer, i, "f") for layer in range(layers) for i in range(k)]
-    for layer in reversed(range(layers)):
-        if full_recompute:
-            trace += [(layer, i, "r") for i in range(k)]
-        trace += [(layer, i, "b") for i in reversed(range(k))]
+    trace = _module_trace(len(module_elements), layers, full_recompute)
     elements = [module_elements[i] for _, i, _ in trace]
     prefix = [0]
     for e in elements:
         prefix.append(prefix[-1] + e)
-    next_use, seen = [None] * len(trace), {}
-    for t in reversed(range(len(trace))):
-        unit = trace[t][:2]
-        next_use[t] = seen.get(unit)
-        seen[unit] = t
+    next_use = _next_uses(trace)
     status: dict[tuple[int, int], str] = {}          # absent: not gathered; "F" in flight; "A" gathered
     in_flight: list[tuple[int, int]] = []
     live, events = 0, []
@@ -189,21 +180,46 @@ def ds_zero3_fetch_schedule(module_elements: tuple[int, ...], layers: int, full_
         status[unit] = "A"
         prefetched: list[int] = []
         if prefetch_elements and not in_flight and live < max_live:
+            taken = 0
             for s in range(t + 1, len(trace)):
                 u = trace[s][:2]
                 if u not in status:
                     status[u] = "F"
                     in_flight.append(u)
                     prefetched.append(elements[s])
-                    if sum(prefetched) >= prefetch_elements:
+                    taken += elements[s]
+                    if taken >= prefetch_elements:
                         break
-            live += sum(prefetched)
+            live += taken
         events.append(FetchEvent(phase, e, waits, gathered, tuple(prefetched)))
         nxt = next_use[t]
         if nxt is None or prefix[nxt] - prefix[t + 1] >= max_reuse:
             del status[unit]
             live -= e
     return tuple(events)
+
+
+def _module_trace(k: int, layers: int, full_recompute: bool) -> list[tuple[int, int, str]]:
+    """One micro-batch's module uses, (layer, module, phase) in order, for ``k`` modules a layer: every layer
+    forward ("f"); then from the last layer, its recomputed forward ("r", with ``full_recompute``) and its
+    modules in reverse ("b")."""
+    trace = [(layer, i, "f") for layer in range(layers) for i in range(k)]
+    for layer in reversed(range(layers)):
+        if full_recompute:
+            trace += [(layer, i, "r") for i in range(k)]
+        trace += [(layer, i, "b") for i in reversed(range(k))]
+    return trace
+
+
+def _next_uses(trace: list[tuple[int, int, str]]) -> list[int | None]:
+    """For each use of ``trace``, the position of the same module's next use (None: none follows)."""
+    next_use: list[int | None] = [None] * len(trace)
+    seen: dict[tuple[int, int], int] = {}
+    for t in reversed(range(len(trace))):
+        unit = trace[t][:2]
+        next_use[t] = seen.get(unit)
+        seen[unit] = t
+    return next_use
 
 
 @lru_cache(maxsize=1024)
@@ -226,7 +242,7 @@ class Zero3Runtime:
     list_reduce_scatters: bool = False   # one reduce-scatter per parameter on n input views
     allreduce_gradients: bool = False    # bucketed all-reduce of full gradients (contiguous_gradients off)
     prefetch_elements: int = 0           # synchronous fetch: the release's default stage3_prefetch_bucket_size
-    max_live: int = 0                    # synchronous fetch: its default stage3_max_live_parameters (the gate)
+    max_live_elements: int = 0           # synchronous fetch: its default stage3_max_live_parameters (the gate)
 
 
 def ds_version(version: str | None) -> tuple[int, ...]:
@@ -243,7 +259,7 @@ def ds_zero3_runtime(version: str | None) -> Zero3Runtime:
     return Zero3Runtime(synchronous_fetch=synchronous, list_gathers=v < DS_FLAT_GATHERS_SINCE,
                         list_reduce_scatters=not allreduce and synchronous, allreduce_gradients=allreduce,
                         prefetch_elements=DS_LEGACY_PREFETCH_BUCKET_ELEMENTS if synchronous else 0,
-                        max_live=DS_LEGACY_MAX_LIVE_PARAMETERS if synchronous else 0)
+                        max_live_elements=DS_LEGACY_MAX_LIVE_PARAMETERS if synchronous else 0)
 
 
 def ds_pipeline_reduces_after_flush(engine: str, pp: int) -> bool:
@@ -275,7 +291,7 @@ def ds_pipeline_host_exposed(engine: str, pp: int) -> bool:
 # DeepSpeed's pipeline engine with tensor parallelism hands activations over as ``PartitionedTensor``s
 # (pipe/engine.py ``is_pipe_partitioned = is_model_parallel`` since v0.3; from v0.13 behind the
 # ``pipeline.pipe_partitioned`` config key, true by default): the sender keeps its 1/tp slice (runtime/utils.py
-# PartitionedTensor._partition_tensor) and sends two tensors, ``to_meta()`` (a LongTensor of 2 + ndim + tp + 1
+# PartitionedTensor._partition_tensor) and sends two tensors, ``to_meta()`` (a LongTensor of 3 + ndim + tp + 1
 # elements) and the slice; the receiver rebuilds the full tensor with ``full()``: a ``torch.zeros`` buffer and one
 # all-gather over the tp group. Gradients are partitioned the same way from v0.5.4 (``is_grad_partitioned =
 # is_model_parallel``, PR #1407 "Big science related changes", 2021-09-29; ``pipeline.grad_partitioned`` from
@@ -288,8 +304,7 @@ def ds_pipeline_host_exposed(engine: str, pp: int) -> bool:
 # * before: 2 slices with their metas (the activations), 2 full gradients, and 2 all-gathers (the received
 #   input; the stage's own output, re-gathered at RecvGrad).
 DS_PIPE_GRAD_PARTITIONED_SINCE = (0, 5, 4)
-DS_PIPE_META_BYTES_PER_RANK = 8           # one int64 per tp rank ...
-DS_PIPE_META_BYTES_FIXED = 8 * (2 + 3 + 1)  # ... plus ndim, the shape (3 dims), num_parts and the rank
+DS_PIPE_META_FIXED_ELEMENTS = 1 + 3 + 1 + 1   # ndim, the shape (3 dims), num_parts, rank; then tp + 1 bounds
 
 
 @dataclass(frozen=True)
@@ -314,8 +329,8 @@ def ds_pipe_hand_overs(version: str | None) -> PipeHandOvers:
 
 
 def ds_pipe_meta_bytes(tp: int) -> int:
-    """Bytes of one PartitionedTensor.to_meta() tensor: [ndim, *shape, num_parts, rank, *partition (tp + 1)]."""
-    return DS_PIPE_META_BYTES_FIXED + DS_PIPE_META_BYTES_PER_RANK * (tp + 1)
+    """Bytes of one PartitionedTensor.to_meta() int64 tensor: [ndim, *shape, num_parts, rank, *partition (tp + 1)]."""
+    return 8 * (DS_PIPE_META_FIXED_ELEMENTS + tp + 1)
 
 
 # DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py, first in v0.6.2 with "bf16+pipeline

@@ -53,7 +53,8 @@ class LayerKey:
 @lru_cache(maxsize=65536)
 def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: LayerKey,
                fp8_recipe: str = FP8_RECIPE) -> RankLayer:
-    """``fp8_recipe``: the FP8 scaling recipe (estimate/precision.py FP8_RECIPE), for the experts' host launches."""
+    """The mean transformer layer of one rank for the layout fields ``key`` (MoE, context parallelism and FP8
+    composed in); ``fp8_recipe``: the FP8 scaling recipe (precision.py FP8_RECIPE), for the experts' host launches."""
     rs = rank_shape(shape, key.cp)
     gemm_hw = fp8_gemm_hardware(hw, gpu) if precision == "fp8" else None
     dense = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw),

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .comm import NCCL_BASE_US, NCCL_HOP_US, US, Placement, all_gather_s, group_placement
-from .compute import (KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, MlpTimes, activation_times_s, linear_times_s, linears_time_s, matmul_time_s, mlp_linear_shapes)
+from .compute import (KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, MlpTimes, activation_times_s, linear_times_s,
+                      linears_time_s, matmul_time_s, mlp_linear_shapes)
 from .hardware import Hardware
 from .params import ModelShape
 from .precision import FP8_RECIPE

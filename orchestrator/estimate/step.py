@@ -24,18 +24,17 @@ from ..layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_split
 from ..spec import Spec, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
-from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_gather_s, all_reduce_s,
-                   data_parallel_comm, grad_sync_size, group_placement, p2p_s, pipeline_transfer, ring_bytes,
-                   tensor_parallel_layer_comm)
+from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm,
+                   grad_sync_size, group_placement, pipeline_transfer, ring_bytes, tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
-from .engines import (PipeHandOvers, ds_bucket_all_reduce, ds_pipe_hand_overs, ds_pipe_meta_bytes,
-                      ds_pipe_partitioned, ds_pipeline_host_exposed, ds_pipeline_reduces_after_flush,
-                      ds_zero3_runtime, grad_reduce_bytes)
+from .engines import (ds_bucket_all_reduce, ds_pipe_hand_overs, ds_pipe_partitioned, ds_pipeline_host_exposed,
+                      ds_pipeline_reduces_after_flush, ds_zero3_runtime, grad_reduce_bytes)
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
-from .ds_runtime import (ds_backward_gather_passes, hp_grad_copies_s, offload_host_s, sharding_stage,
-                         uses_bf16_optimizer, zero3_fetch_host_s, zero3_persistent_regather_s, zero12_copies_s)
+from .ds_runtime import (ds_backward_gather_passes, ds_partitioned_transfers_s, hp_grad_copies_s, offload_host_s,
+                         sharding_stage, uses_bf16_optimizer, zero3_fetch_host_s, zero3_persistent_regather_s,
+                         zero12_copies_s)
 from .hardware import Hardware, hardware_for
 from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
@@ -425,7 +424,7 @@ def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, to
                                          sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
     x = p2p_transfers_per_microbatch(ctx.engine, lay.vpp) * one_s
     if ds_pipe_partitioned(ctx.engine, tp) and not lay.sequence_parallel:
-        x = ds_partitioned_transfers_s(ds_pipe_hand_overs(ctx.engine_version), one_bytes, tp, tp_pl, inter, hw)
+        x = ds_partitioned_transfers_s(ds_pipe_hand_overs(ctx.engine_version), one_bytes, tp_pl, inter, hw)
     pp_bytes, pp_s, emb_sync = 2 * lay.vpp * m * one_bytes, m * x, 0.0
     if shape.tie_embeddings:
         # BF16_Optimizer reduces the fp32 copy of the tied gradient (engines.py)
@@ -440,6 +439,7 @@ def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_win
              backward_window_s: float, bf16_opt: bool) -> DataParallelWork:
     """The DataParallelWork of a stage of ``layers`` layers (param_elements 0: _gradient_sync sets it)."""
     engine, dtype_bytes = ctx.engine, ctx.hw.dtype_bytes
+    ds_zero3 = engine == "deepspeed" and lay.zero_stage == 3
     return DataParallelWork(
         engine=engine, zero_stage=sharding_stage(ctx, lay), param_elements=0.0, param_bytes=dtype_bytes,
         grad_bytes=grad_reduce_bytes(engine, ctx.precision, dtype_bytes), layers=layers,
@@ -447,9 +447,8 @@ def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_win
         backward_window_s=backward_window_s, backward_gather_passes=ds_backward_gather_passes(ctx, lay, layers),
         bucket_all_reduce=engine == "deepspeed" and (ds_bucket_all_reduce(ctx.engine_version, lay.zero_stage)
                                                      or bf16_opt),
-        zero3=ds_zero3_runtime(ctx.engine_version) if engine == "deepspeed" and lay.zero_stage == 3 else None,
-        rank_host_s=ctx.cost.ds_list_rank_host_s,
-        modules=ds_layer_modules(ctx.shape, lay.tp) if engine == "deepspeed" and lay.zero_stage == 3 else ())
+        zero3=ds_zero3_runtime(ctx.engine_version) if ds_zero3 else None, rank_host_s=ctx.cost.ds_list_rank_host_s,
+        modules=ds_layer_modules(ctx.shape, lay.tp) if ds_zero3 else ())
 
 
 # Layouts that differ only in what the DP traffic does not see (interleaving, splits) share its cost.
@@ -480,16 +479,6 @@ def dp_overlap_fraction(cost: CostModel, hw: Hardware) -> float:
     return 0.0 if hw.link == "loopback" else cost.dp_overlap
 
 
-def ds_partitioned_transfers_s(hand: PipeHandOvers, slice_bytes: float, tp: int, tp_pl: Placement, inter_node: bool,
-                               hw: Hardware) -> float:
-    """Per micro-batch, a middle stage's pipeline transfers on DeepSpeed's pipeline engine with tp > 1
-    (engines.ds_pipe_hand_overs): blocking sends/receives of 1/tp slices, each after its meta tensor's own, of
-    full tensors (unpartitioned gradients, before 0.5.4), and tp all-gathers rebuilding the full tensor."""
-    slices = hand.slices * (p2p_s(slice_bytes, inter_node, hw) + p2p_s(ds_pipe_meta_bytes(tp), inter_node, hw))
-    full = hand.full * p2p_s(slice_bytes * tp, inter_node, hw)
-    return slices + full + hand.gathers * all_gather_s(slice_bytes * tp, tp_pl, hw)
-
-
 def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
     """Exposed pipeline transfers per micro-batch on a stage's critical path. Megatron's 1F1B sends the
     activation forward and receives the gradient in one batched exchange (p2p_communication.py:
@@ -498,7 +487,9 @@ def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
     instructions (deepspeed/runtime/pipe/schedule.py TrainSchedule, engine.py _exec_send_activations ...):
     4, none overlapped. tests/unit/test_ds_pipeline.py runs TrainSchedule's commands (v0.5.8 and v0.16.4
     orders) with blocking transfers: the same time within 3% (the fill and drain cross each boundary with
-    fewer). The tensor meta exchange (_send_tensor_meta) runs on the first batch only (first_output_send)."""
+    fewer). The tensor meta exchange (_send_tensor_meta) runs on the first batch only (first_output_send);
+    with tp > 1 each hand-over is a PartitionedTensor instead, its own meta tensor sent every micro-batch
+    (ds_runtime.ds_partitioned_transfers_s)."""
     return 4 if engine == "deepspeed" else 2 * vpp
 
 

@@ -25,9 +25,11 @@ def render_ds_config(plan: Plan) -> dict:
         "optimizer": _optimizer(plan),
         "scheduler": _scheduler(plan),
         "wall_clock_breakdown": spec.tracking.wall_clock_breakdown,
-        "comms_logger": {"enabled": spec.tracking.comms_logger, "verbose": False, "prof_all": True,
-                         "debug": False},
     }
+    if spec.tracking.comms_logger:
+        # Only when asked for: DeepSpeed turns its comms logger on whenever the section exists, whatever its
+        # "enabled" says (validate/deepspeed_values.py check_comms_logger).
+        config["comms_logger"] = {"enabled": True, "verbose": False, "prof_all": True, "debug": False}
     if lay.cp > 1:
         # DeepSpeed-Ulysses (the trainer's own sequence all-to-all): DeepSpeed's batch check then counts
         # dp = world / sequence_parallel_size. No data_parallel_size: with both keys DeepSpeed builds a

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import Problem, SpecError
 from ..typed import article, describe_value, did_you_mean
 from . import _deepspeed_keys_data as KEYS
-from .deepspeed_values import check_finite, check_optimizer_values
+from .deepspeed_values import check_comms_logger, check_finite, check_optimizer_values
 from ._ds_probe import (DeepSpeedProbeError, DeepSpeedUnavailable, ProbeRequest, ProbeResult,  # noqa: F401
                         deepspeed_installed, probe_ds_configs)
 
@@ -75,7 +75,7 @@ def check_ds_config(config: dict, *, world_size: int | None = None, model_parall
     problems += check_value_types(config, path) + check_auto_leftovers(config, path)
     problems += check_precision(config, path) + check_zero(config, path) + check_pipeline(config, path)
     problems += check_optimizer(config, path) + check_scheduler(config, path)
-    problems += check_finite(config, path) + check_optimizer_values(config, path)   # deepspeed_values.py
+    problems += check_finite(config, path) + check_optimizer_values(config, path) + check_comms_logger(config, path)
     problems += check_batch(config, world_size=world_size, model_parallel_size=model_parallel_size, path=path)
     return problems
 

@@ -52,3 +52,17 @@ def check_optimizer_values(config: dict, path: str) -> list[Problem]:
         problems.append(Problem(_at(path, "optimizer.params.betas"), f"{json.dumps(betas)} is not two numbers in "
                                 "[0, 1)", "write [beta1, beta2], e.g. [0.9, 0.95]"))
     return problems
+
+
+def check_comms_logger(config: dict, path: str) -> list[Problem]:
+    """A ``comms_logger`` section that says ``"enabled": false``: DeepSpeed turns the logger on all the same
+    (deepspeed/comm/config.py: ``comms_logger_enabled = 'comms_logger' in ds_config``, which
+    utils/comms_logging.py CommsLogger.configure takes as ``enabled``; so in 0.19.8, reported as issue #2861).
+    The logger then synchronizes the device after every collective (no overlap_comm) and, with prof_all,
+    re-sums every timing it has recorded at each call, so steps slow down as the run goes on."""
+    section = config.get("comms_logger")
+    if isinstance(section, dict) and section.get("enabled") is False:
+        return [Problem(_at(path, "comms_logger.enabled"), "false is ignored: DeepSpeed enables its comms logger "
+                        "whenever the section exists, then synchronizes after every collective",
+                        "delete the comms_logger section to turn the logger off")]
+    return []

@@ -132,11 +132,12 @@ def test_deepspeed_zero3_runtime_by_release():
 
     bucket, live = 50_000_000, 1_000_000_000      # stage3_prefetch_bucket_size, stage3_max_live_parameters then
     assert ds_zero3_runtime("0.3") == Zero3Runtime(synchronous_fetch=True, list_gathers=True, allreduce_gradients=True,
-                                                   prefetch_elements=bucket, max_live=live)
+                                                   prefetch_elements=bucket, max_live_elements=live)
     assert ds_zero3_runtime("0.4.3") == Zero3Runtime(synchronous_fetch=True, list_gathers=True,
-                                                     list_reduce_scatters=True, prefetch_elements=bucket, max_live=live)
+                                                     list_reduce_scatters=True, prefetch_elements=bucket,
+                                                     max_live_elements=live)
     assert ds_zero3_runtime("0.5.5") == Zero3Runtime(synchronous_fetch=True, list_reduce_scatters=True,
-                                                     prefetch_elements=bucket, max_live=live)
+                                                     prefetch_elements=bucket, max_live_elements=live)
     assert ds_zero3_runtime("0.6.0") == ds_zero3_runtime(None) == Zero3Runtime()
 
 
@@ -182,7 +183,8 @@ def test_legacy_deepspeed_zero3_waits_for_all_but_the_last_gather_of_a_prefetch(
 def test_legacy_deepspeed_zero3_all_reduces_gradients_in_the_reduce_buckets():
     """Before 0.4.3 ZeRO-3 all-reduced full gradients per reduce bucket (contiguous_gradients off):
     twice the reduce-scatter's bytes, one call per 5e8-element bucket; later, per parameter or per bucket."""
-    from orchestrator.estimate.engines import DS_REDUCE_BUCKET_ELEMENTS, ds_zero3_runtime
+    from orchestrator.estimate.engines import (DS_MAX_REUSE_DISTANCE, DS_REDUCE_BUCKET_ELEMENTS,
+                                               ds_zero3_fetch_schedule, ds_zero3_runtime)
 
     h, pl = hw(num_nodes=8), Placement(64, 8, 8)
     kw = dict(zero_stage=3, num_microbatches=1, param_elements=2e9)
@@ -190,6 +192,11 @@ def test_legacy_deepspeed_zero3_all_reduces_gradients_in_the_reduce_buckets():
                      for v in ("0.3", "0.4.3", None))
     gathers = 2 * (24 * 4 + 1)
     assert now.calls == gathers + 4 == gathers + 2e9 // DS_REDUCE_BUCKET_ELEMENTS
+    rt = ds_zero3_runtime("0.3")
+    events = ds_zero3_fetch_schedule((round(2e9 / (24 * 4 + 1)),) * 4, 24, False, DS_MAX_REUSE_DISTANCE,
+                                     rt.max_live_elements, rt.prefetch_elements)
+    legacy_gathers = 2 + sum(bool(ev.gathered) + len(ev.prefetched) for ev in events)   # + the embedding's two
+    assert old.calls == legacy_gathers + 4 and legacy_gathers < gathers       # the backward reuses some modules
     assert mid.calls - old.calls == 24 * 4 + 1 - 4                 # one reduce-scatter per parameter (same gathers)
     assert old.bytes - mid.bytes == pytest.approx(ring_bytes(2e9 * 2, 64))   # all-reduce = 2x reduce-scatter
 

@@ -2,7 +2,6 @@
 search over ep/etp/cp, and the published H100 runs (tests/data/published-moe-cp-fp8.json)."""
 from __future__ import annotations
 
-import dataclasses
 import statistics
 
 import pytest
@@ -11,7 +10,7 @@ from orchestrator.estimate.context import attention_scale, context_layer_comm
 from orchestrator.estimate.layer import LayerKey, rank_layer
 from orchestrator.estimate.moe import all_to_all_s, expert_work, moe_host_s
 from orchestrator.estimate.params import active_layer_matrix_params, estimate_params, model_shape
-from orchestrator.estimate.step import EstimateContext, estimate, estimate_layout
+from orchestrator.estimate.step import EstimateContext, estimate_layout
 from orchestrator.layout import layout_from_spec
 from orchestrator.plan import build_plan
 from orchestrator.planner import search
@@ -191,3 +190,21 @@ def test_a_case_without_preset_names_its_shape_and_leaves_unpublished_fields_ope
     assert (spec.model.num_layers, spec.model.hidden_size, spec.model.tie_embeddings) == (84, 8192, False)
     assert spec.parallelism.micro_batch_size is None and spec.parallelism.virtual_pipeline is None
     assert spec.training.precision == "bf16" and spec.world_size == case["gpus"]
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in CASES if "gpt_oss" in c["id"]])
+def test_gpt_oss_runs_carry_the_model_cards_shape_and_the_recipes_layout(case_id):
+    """gpt-oss-120b has no preset (orch cannot express its sliding-window layers): its case names the shape, whose
+    parameter counts are the model card's (OpenAI 2025, arXiv 2508.10925, Table 1: 116.83B total, 5.13B active,
+    which leaves out the input embedding), and the layout of Megatron-Bridge's H100 BF16 recipe: tp 1, pp 4 without
+    virtual stages, ep 8, micro-batch 1, BF16, the EP all-to-all not overlapped."""
+    case = next(c for c in CASES if c["id"] == case_id)
+    shape = model_shape(layout_case_spec(case))
+    p = estimate_params(shape)
+    active = shape.num_layers * active_layer_matrix_params(shape) + p.output_layer
+    assert p.total / 1e9 == pytest.approx(116.83, rel=0.005)
+    assert active / 1e9 == pytest.approx(5.13, rel=0.01)
+    assert shape.q_size == 4096 != shape.hidden_size and shape.bias
+    chosen = predicted_layout(case)
+    assert chosen["tag"].startswith("tp1-pp4-ep8-") and chosen["tag"].endswith("-mb1")
+    assert case["precision"] == "bf16" and case["ep_a2a_overlap"] is False

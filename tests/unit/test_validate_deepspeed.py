@@ -163,6 +163,8 @@ BAD = [
      'got string "1"', "write 1 without quotes"),
     ("no batch size at all", with_(1, train_batch_size=DELETE, train_micro_batch_size_per_gpu=DELETE),
      "train_batch_size", "needs at least one", "add train_micro_batch_size_per_gpu"),
+    ("comms logger section said to be off", with_(1, comms_logger={"enabled": False, "prof_all": True}),
+     "comms_logger.enabled", "false is ignored", "delete the comms_logger section"),
 ]
 
 
@@ -447,3 +449,27 @@ def test_prefetch_asks_deepspeed_at_the_dp_the_per_path_check_uses(tmp_path, wor
     path.write_text(json.dumps(config))
     [request] = _ds_file(path, world_size, 2)
     assert request.data_parallel_size == deep_check_sizes(config, world_size, 2)[1] == 2
+
+
+def test_deepspeed_enables_its_comms_logger_whenever_the_section_exists():
+    """Why check_comms_logger exists, asked of the installed DeepSpeed: a section with "enabled": false turns
+    the logger on (it then synchronizes after every collective); no section leaves it off."""
+    from deepspeed.comm.config import DeepSpeedCommsConfig  # noqa: PLC0415
+    from deepspeed.utils.comms_logging import CommsLogger  # noqa: PLC0415
+
+    logger = CommsLogger()
+    logger.configure(DeepSpeedCommsConfig({"comms_logger": {"enabled": False}}))
+    assert logger.enabled
+    logger = CommsLogger()
+    logger.configure(DeepSpeedCommsConfig({}))
+    assert not logger.enabled
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_generated_config_has_a_comms_logger_only_when_asked_for(asked):
+    from orchestrator.render.deepspeed import render_ds_config  # noqa: PLC0415
+    from tests.conftest import fixed_plan, spec_data  # noqa: PLC0415
+
+    config = render_ds_config(fixed_plan(spec_data(**{"tracking.comms_logger": asked})))
+    assert ("comms_logger" in config) is asked
+    assert check_ds_config(config, world_size=2) == []
