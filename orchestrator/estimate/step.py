@@ -24,8 +24,9 @@ from ..layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_split
 from ..spec import Spec, default_host_memory_GiB
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
-from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_reduce_s, data_parallel_comm,
-                   grad_sync_size, group_placement, pipeline_transfer, ring_bytes, tensor_parallel_layer_comm)
+from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_gather_s, all_reduce_s,
+                   data_parallel_comm, grad_sync_size, group_placement, pipeline_transfer, ring_bytes,
+                   tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
 from .engines import (ds_bucket_all_reduce, ds_pipe_hand_overs, ds_pipe_partitioned, ds_pipeline_host_exposed,
