@@ -338,10 +338,52 @@ TORCHTITAN_FSDP = (torchtitan_case("llama3_70b", 1, "full", 331, 0.517),
                    torchtitan_case("llama2_70b", 2, "full", 353, 0.505),
                    torchtitan_case("llama2_13b", 2, "none", 2162, 0.611))
 
+# MPT shapes of llm-foundry's scripts/train/yamls/mpt/*.yaml at commit 5f43bf160 (2023-05-03): (d_model, n_heads,
+# n_layers); expansion_ratio 4, vocab 50368, learned positions, biases, LayerNorm, tied embeddings, triton flash
+# attention, no dropout (configuration_mpt.py defaults at that commit)
+MPT_SHAPES = {"70b": (8192, 64, 80), "30b": (7168, 56, 48), "13b": (5120, 40, 40), "7b": (4096, 32, 32),
+              "125m": (768, 12, 12)}
+
+
+def mpt_case(model: str, micro_batch: int, grad_accum: int, recompute: str, tokens_per_s_per_gpu: float,
+             mfu: float) -> dict:
+    """A 64-GPU A100-80GB row of llm-foundry's MPT training benchmarks (scripts/train/benchmarking/README.md)."""
+    h, heads, layers = MPT_SHAPES[model]
+    return {
+        "id": f"llmfoundry_mpt_{model}_fsdp_64gpu", "kind": "throughput",
+        "source": "mosaicml/llm-foundry scripts/train/benchmarking/README.md, 'A100 80GB' table (commit 5f43bf160, "
+                  "2023-05-03; the heading 'with 1600 Gbps node-node interconnect (RoCE)' added by ef350d9e6, "
+                  f"2023-07-05, rows unchanged): MPT-{model}, seq 2048, 64 a100_80gb, micro-batch {micro_batch}, "
+                  f"grad accum {grad_accum}, {tokens_per_s_per_gpu} tokens/s per GPU, MFU {mfu:.2%}, bf16 PURE, "
+                  f"FULL_SHARD, activation checkpointing {recompute == 'full'}; model from yamls/mpt/{model}.yaml",
+        "model": {"layers": layers, "hidden": h, "heads": heads, "seq_len": 2048, "vocab": 50368,
+                  "flash_attention": True},
+        "cluster": {"gpus": 64, "gpu_type": "A100-SXM4-80GB", "gpus_per_node": 8, "nic_Gbps_per_node": 1600},
+        "global_batch": 64 * micro_batch * grad_accum,
+        "published": {"tp": 1, "pp": 1, "dp": 64, "micro_batch": micro_batch, "zero_stage": 3, "recompute": recompute,
+                      "precision": "bf16", "tokens_per_s_per_gpu": tokens_per_s_per_gpu,
+                      "tflops_per_gpu": round(mfu * 312, 1), "engine": "megatron"},
+        "notes": "Composer's PyTorch FSDP (torch 1.13.1 image of submit_benchmarks.py; modeling_mpt.py fsdp_wrap_fn "
+                 "and activation_checkpointing_fn: each MPTBlock, limit_all_gathers) modelled as Megatron FSDP at "
+                 "ZeRO-3, the orch engine whose sharding matches (per-layer gathers, overlapped). PURE mixed "
+                 "precision reduces gradients in bf16; the model reduces them in fp32 as Megatron does (twice the "
+                 "reduce-scatter bytes). The table's rows without activation checkpointing at 64 GPUs (3b, 1b, "
+                 "760m, 350m) are judged not to fit (83-90 GiB modelled: Megatron's activation terms with dropout "
+                 "masks and an fp32 loss, where MPT has no dropout and a bf16 loss) and are not listed",
+        "verification": "README table, model yamls, MPT config defaults and the benchmark submit script read at "
+                        "commit 5f43bf160 in the mosaicml/llm-foundry git history; the parameter count of the shape "
+                        "(12h^2 + 13h per layer, tied 50368 x h, 2048 x h positions) equals the table's NumParams",
+    }
+
+
+MPT_FSDP = (mpt_case("70b", 8, 4, "full", 410, 0.5333), mpt_case("30b", 16, 3, "full", 876, 0.5293),
+            mpt_case("13b", 32, 1, "full", 1994, 0.5251), mpt_case("7b", 32, 1, "full", 3670, 0.5080),
+            mpt_case("125m", 32, 1, "none", 130026, 0.4077))
+
 ZERO3_530B = (zero3_530b_case(640, 2560, 4, 138), zero3_530b_case(1120, 2240, 2, 98), zero3_530b_case(2240, 2240, 1, 48))
 MT_NLG_530B = (_mt_nlg(280, 60.1, 126), _mt_nlg(350, 50.2, 121), _mt_nlg(420, 44.4, 113))
 EXTRA_CASES = (BLOOM_176B, *MT_NLG_530B, *ZERO3_530B, NEOX_20B, OPT_175B, MEGATRON_GPT3_175B, GLM_130B,
-               *TORCHTITAN_FSDP)
+               *TORCHTITAN_FSDP, *MPT_FSDP)
 
 
 def load_cases(path: str | Path, kind: str | None = None) -> list[dict]:

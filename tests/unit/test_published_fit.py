@@ -2,8 +2,8 @@
 
 Published runs: the throughput rows of the reference file (Narayanan et al. 2021 Tables 1 and 2), the extra
 published runs (BLOOM-176B, MT-NLG 530B on 280/350/420 nodes, the 530B ZeRO-3 rows of Table 2, GPT-NeoX-20B,
-OPT-175B, Megatron-LM's GPT-3 175B example, GLM-130B, torchtitan's FSDP2 Llama rows) and the MoE /
-context-parallel / FP8 H100 runs. Each ran, so each must fit the planner's memory model.
+OPT-175B, Megatron-LM's GPT-3 175B example, GLM-130B, torchtitan's FSDP2 Llama rows, llm-foundry's 64-GPU MPT
+rows) and the MoE / context-parallel / FP8 H100 runs. Each ran, so each must fit the planner's memory model.
 """
 from __future__ import annotations
 
