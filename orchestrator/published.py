@@ -22,6 +22,14 @@ split (:func:`orchestrator.stages.balanced_split`: first and last stage lighter,
 is what such runs used (BLOOM-176B: 70 layers on 12 stages as 5 + 10 x 6 + 5); a Megatron case leaves the
 split to the planner, which also weighs counting the embedding and the loss as layers (Megatron's
 --account-for-embedding/loss-in-pipeline-split, which lets such pipelines interleave).
+
+Runs on PyTorch FSDP (OPT-175B's FairScale FSDP, torchtitan's FSDP2, llm-foundry's Composer FSDP) are modelled
+on Megatron FSDP, the orch engine whose sharding matches (one gather per transformer layer and pass,
+overlapped): FULL_SHARD as ZeRO-3, OPT's --no-reshard-after-forward as ZeRO-2. A case keeps its source's own
+figure: ``published.flops_per_token`` where its TFLOP/s count their own FLOPs, ``published.tokens_per_s_per_gpu``
+where it measured tokens (:func:`published_step_s`), ``published.vpp`` where its software could not interleave,
+``published.distribute_saved_activations`` where it kept full-recompute checkpoints split over the tp ranks, and
+``model`` fields of :data:`MODEL_SPEC_KEYS` beyond the GPT-3 shape.
 """
 from __future__ import annotations
 
