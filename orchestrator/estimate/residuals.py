@@ -13,16 +13,16 @@ RESIDUALS = {
         "source": "published H100 runs of tests/data/published-moe-cp-fp8.json"
     },
     "DeepSpeed pipeline": {
-        "mean_abs": 0.127,
-        "n": 4,
-        "rms": 0.133,
-        "source": "BigScience Workshop 2022; Smith et al. 2022"
+        "mean_abs": 0.126,
+        "n": 6,
+        "rms": 0.13,
+        "source": "BigScience Workshop 2022; Black et al. 2022; Smith et al. 2022; Zeng et al. 2022"
     },
     "Megatron PTD-P": {
-        "mean_abs": 0.074,
-        "n": 24,
-        "rms": 0.1,
-        "source": "Narayanan et al. 2021; published H100 runs of tests/data/published-moe-cp-fp8.json"
+        "mean_abs": 0.071,
+        "n": 25,
+        "rms": 0.098,
+        "source": "NVIDIA Megatron-LM README; Narayanan et al. 2021; published H100 runs of tests/data/published-moe-cp-fp8.json"
     },
     "MoE expert parallel": {
         "mean_abs": 0.334,
@@ -31,9 +31,9 @@ RESIDUALS = {
         "source": "published H100 runs of tests/data/published-moe-cp-fp8.json"
     },
     "ZeRO-3 / FSDP": {
-        "mean_abs": 0.436,
-        "n": 7,
-        "rms": 0.493,
-        "source": "Narayanan et al. 2021; published H100 runs of tests/data/published-moe-cp-fp8.json"
+        "mean_abs": 0.249,
+        "n": 16,
+        "rms": 0.342,
+        "source": "Narayanan et al. 2021; Zhang et al. 2022; mosaicml/llm-foundry scripts/train/benchmarking/README.md; published H100 runs of tests/data/published-moe-cp-fp8.json; pytorch/torchtitan docs/performance.md"
     }
 }
