@@ -64,5 +64,6 @@ def check_comms_logger(config: dict, path: str) -> list[Problem]:
     if isinstance(section, dict) and section.get("enabled") is False:
         return [Problem(_at(path, "comms_logger.enabled"), "false is ignored: DeepSpeed enables its comms logger "
                         "whenever the section exists, then synchronizes after every collective",
-                        "delete the comms_logger section to turn the logger off")]
+                        "delete the comms_logger section to turn the logger off (in a run dir orch wrote: regenerate it "
+                        "with orch generate --force)")]
     return []
