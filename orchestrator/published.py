@@ -30,6 +30,15 @@ figure: ``published.flops_per_token`` where its TFLOP/s count their own FLOPs, `
 where it measured tokens (:func:`published_step_s`), ``published.vpp`` where its software could not interleave,
 ``published.distribute_saved_activations`` where it kept full-recompute checkpoints split over the tp ranks, and
 ``model`` fields of :data:`MODEL_SPEC_KEYS` beyond the GPT-3 shape.
+
+Dropout (:func:`case_dropout`, the cost model's ``ModelShape.dropout``: 1-byte masks in the activations and their
+memory traffic, none at p = 0) is what each run trained with: ``published.dropout`` where its source states it, with
+the evidence in ``published.dropout_source``; otherwise the default of the software it ran, Megatron-LM's
+--hidden-dropout / --attention-dropout 0.1 (:data:`MEGATRON_DEFAULT_DROPOUT`), which Megatron-DeepSpeed and
+GPT-NeoX's fork inherit. By family: Narayanan et al. 2021 (Table 1 and Table 2's ZeRO-3 rows), MT-NLG and the
+January 2021 GPT-3 example leave the default, 0.1 (the example script sets no dropout flag); BLOOM inherits it
+and says so; OPT sets 0.1 (no embedding dropout); GLM-130B leaves the default; GPT-NeoX-20B sets 0; torchtitan's
+Llama has no dropout module; llm-foundry's MPT defaults to 0.
 """
 from __future__ import annotations
 
@@ -48,6 +57,12 @@ GPU_KEYS = {"A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb", "H100-
 # ModelSpec fields a case's "model" may state beyond its shape (defaults: GPT-2/3 style, as Table 1).
 MODEL_SPEC_KEYS = ("tie_embeddings", "position_embedding", "ffn_hidden_size", "gated_mlp", "num_query_groups",
                    "normalization", "add_bias_linear", "flash_attention")
+
+
+# Megatron-LM's --hidden-dropout and --attention-dropout default (megatron/arguments.py _add_regularization_args at
+# 152aab304d, 2021-01-11; TransformerConfig.hidden_dropout / attention_dropout at core_v0.16.1): what a run that
+# states no dropout trained with.
+MEGATRON_DEFAULT_DROPOUT = 0.1
 
 
 # Published runs that are not in the reference file, in its format. Printed beside Table 1 by
@@ -70,7 +85,10 @@ BLOOM_176B = {
                       "with ZeRO stage 0 ('bf16 must use z0! it implements its own zero stage 1 equivalent', "
                       "bigscience tr11-176B-ml.slurm): DeepSpeed's BF16_Optimizer, which every release from "
                       "v0.6.2 to v0.9.0 also requires for bf16 ZeRO-1 on the pipeline engine "
-                      "(orchestrator/estimate/engines.py ds_bf16_optimizer)")},
+                      "(orchestrator/estimate/engines.py ds_bf16_optimizer)"),
+                  "dropout": 0.1, "dropout_source": (
+                      "bigscience train/tr11-176B-ml/README.md: 'The default Megatron-LM dropout settings are "
+                      "inherited' (--attention-dropout 0.1, --hidden-dropout 0.1); tr11-176B-ml.slurm sets neither")},
     "notes": "Megatron-DeepSpeed; ALiBi positions (modelled as learned: s*h parameters, no FLOPs); the 70 "
              "layers on 12 stages are not even: the embedding and the tied output layer each count as one "
              "layer in its partition (5 + 10 x 6 + 5)",
@@ -180,7 +198,8 @@ NEOX_20B = {
                       "DeeperSpeed at eb7f5cff (2021-09-20), whose version.txt reads 0.3.15; its pipeline engine "
                       "partitions activations but not gradients (pipe/engine.py: is_grad_partitioned = False), the "
                       "pre-0.5.4 hand-overs of estimate/engines.py ds_pipe_hand_overs, and its ZeRO-1 is "
-                      "runtime/zero/stage1.py (reduce-scatter of the gradients, reduce_scatter: true)")},
+                      "runtime/zero/stage1.py (reduce-scatter of the gradients, reduce_scatter: true)"),
+                  "dropout": 0.0, "dropout_source": "configs/20B.yml: \"hidden-dropout\": 0, \"attention-dropout\": 0"},
     "notes": "DeepSpeed pipeline engine (DeeperSpeed) with Megatron tensor parallelism. The 117 TFLOP/s count "
              "6N + 60shl FLOPs per token (GPT-NeoX's get_flops), not eq. 3: 43.85 s per step. Not modelled: the "
              "parallel attention + MLP residual (gpt_j_residual: one tensor-parallel all-reduce per layer and "
@@ -210,7 +229,9 @@ OPT_175B = {
     "global_batch": 992,     # 8 sequences x 124 data-parallel ranks (2,031,616 tokens: the '2M')
     "published": {"tp": 8, "pp": 1, "dp": 124, "micro_batch": 8, "zero_stage": 2, "recompute": "full",
                   "precision": "fp16", "tflops_per_gpu": 147, "engine": "megatron",
-                  "distribute_saved_activations": True},
+                  "distribute_saved_activations": True, "dropout": 0.1, "dropout_source": (
+                      "metaseq/launcher/opt_baselines.py: --dropout 0.1 --attention-dropout 0.1 --no-emb-dropout (the "
+                      "embedding's one mask per micro-batch, which the model counts, is the only difference)")},
     "notes": "FairScale FSDP wrapping each transformer layer (metaseq transformer_decoder.py: FSDP always wraps the "
              "checkpointed layer) with Megatron tensor parallelism 8. Modelled as Megatron FSDP, the orch engine "
              "whose sharding matches (estimate/engines.py: one all-gather per layer and pass, one reduce-scatter per "
@@ -325,7 +346,8 @@ def torchtitan_case(model: str, micro_batch: int, recompute: str, wps: float, mf
         "published": {"tp": 1, "pp": 1, "dp": 64, "micro_batch": micro_batch, "zero_stage": 3, "recompute": recompute,
                       "precision": "bf16", "tokens_per_s_per_gpu": wps,
                       "tflops_per_gpu": round(mfu * 312, 1),   # its MFU (6N + 12 l h q t FLOPs) of 312 TFLOP/s
-                      "engine": "megatron"},
+                      "engine": "megatron", "dropout": 0.0,
+                      "dropout_source": "torchtitan/models/llama/model.py at that commit has no dropout module"},
         "notes": "PyTorch FSDP2 (parallelize_llama.py at that commit: fully_shard per transformer block, "
                  "reshard_after_forward except the last block, bf16 parameters, fp32 gradient reduction, "
                  "checkpoint_wrapper per block under full AC) modelled as Megatron FSDP at ZeRO-3, the orch engine "
@@ -370,14 +392,18 @@ def mpt_case(model: str, micro_batch: int, grad_accum: int, recompute: str, toke
         "global_batch": 64 * micro_batch * grad_accum,
         "published": {"tp": 1, "pp": 1, "dp": 64, "micro_batch": micro_batch, "zero_stage": 3, "recompute": recompute,
                       "precision": "bf16", "tokens_per_s_per_gpu": tokens_per_s_per_gpu,
-                      "tflops_per_gpu": round(mfu * 312, 1), "engine": "megatron"},
+                      "tflops_per_gpu": round(mfu * 312, 1), "engine": "megatron", "dropout": 0.0,
+                      "dropout_source": "configuration_mpt.py defaults at that commit (emb_pdrop 0, resid_pdrop 0, "
+                                        "attn_config attn_pdrop 0); the model yamls set none"},
         "notes": "Composer's PyTorch FSDP (torch 1.13.1 image of submit_benchmarks.py; modeling_mpt.py fsdp_wrap_fn "
                  "and activation_checkpointing_fn: each MPTBlock, limit_all_gathers) modelled as Megatron FSDP at "
                  "ZeRO-3, the orch engine whose sharding matches (per-layer gathers, overlapped). PURE mixed "
                  "precision reduces gradients in bf16; the model reduces them in fp32 as Megatron does (twice the "
                  "reduce-scatter bytes). The table's rows without activation checkpointing at 64 GPUs (3b, 1b, "
-                 "760m, 350m) are judged not to fit (83-90 GiB modelled: Megatron's activation terms with dropout "
-                 "masks and an fp32 loss, where MPT has no dropout and a bf16 loss) and are not listed",
+                 "760m, 350m) are judged not to fit and are not listed: 79.1 / 85.5 / 82.0 / 82.0 GiB modelled of "
+                 "76.0 usable without dropout (83-90 GiB when dropout masks were counted), of which 69-76 GiB "
+                 "activations (the last layer's logits with their fp32 softmax and gradient ~9 GiB of it, where "
+                 "MPT's loss may differ); not explained further here",
         "verification": "README table, model yamls, MPT config defaults and the benchmark submit script read at "
                         "commit 5f43bf160 in the mosaicml/llm-foundry git history; the parameter count of the shape "
                         "(12h^2 + 13h per layer, tied 50368 x h, 2048 x h positions) equals the table's NumParams",
@@ -470,6 +496,12 @@ def case_engine_version(case: dict) -> str | None:
     return str(version) if version else None
 
 
+def case_dropout(case: dict) -> float:
+    """The dropout probability a case trained with: ``published.dropout`` where its source states it, else
+    Megatron-LM's default (:data:`MEGATRON_DEFAULT_DROPOUT`; module doc)."""
+    return float(case["published"].get("dropout", MEGATRON_DEFAULT_DROPOUT))
+
+
 def case_recompute(case: dict) -> str:
     """The recompute mode of a case ("full (assumed, eq.3 convention)" reads as "full")."""
     return str(case["published"]["recompute"]).split()[0]
@@ -496,8 +528,8 @@ def published_estimate(case: dict, cost=None):
         try:
             spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
             est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case),
-                         distribute_saved_activations=bool(case["published"].get("distribute_saved_activations"))
-                         ).chosen
+                         distribute_saved_activations=bool(case["published"].get("distribute_saved_activations")),
+                         dropout=case_dropout(case)).chosen
         except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
             last_error = e
             continue

@@ -10,6 +10,13 @@ recipe ran without Megatron's EP all-to-all overlap (which orch generates wherev
 recipe used another FP8 scaling recipe than the delayed scaling orch writes (``fp8_recipe: "tensorwise"``,
 NVIDIA's "FP8-CS"), which the model reads for the experts' host launches.
 
+Dropout (``dropout``, the cost model's ``ModelShape.dropout``): 0 unless a case states otherwise with its evidence
+in ``dropout_source``. The Llama, Qwen3 and gpt-oss model providers of NeMo and Megatron-Bridge set
+hidden_dropout and attention_dropout 0.0 (Megatron-Bridge src/megatron/bridge/models/llama/llama_provider.py
+LlamaModelProvider, qwen_provider.py Qwen3MoEModelProvider, gpt_oss/gpt_oss_provider.py GPTOSSProvider; NeMo
+Framework Launcher llama/llama2_7b.yaml); NeMo's GPT-3 175B config and the GPT rows of Megatron-LM's README keep
+0.1, and say so.
+
 Llama 3.1 405B (126 layers) on pp 8 with 8 virtual stages ran with Megatron's
 --account-for-embedding/loss-in-pipeline-split (128 "layers"): its spec sets
 parallelism.account_for_embedding_loss where that split exists for the published pp and virtual stages, and
@@ -52,7 +59,12 @@ def predicted_layout(case: dict) -> dict:
     (``ep_a2a_overlap: false``, with the recipe in its source), with the case's FP8 scaling recipe."""
     from .planner import search  # noqa: PLC0415
     return search(layout_case_spec(case), top_k=1, ep_a2a_overlap=case.get("ep_a2a_overlap", True),
-                  fp8_recipe=case_fp8_recipe(case)).chosen.to_dict()
+                  fp8_recipe=case_fp8_recipe(case), dropout=layout_case_dropout(case)).chosen.to_dict()
+
+
+def layout_case_dropout(case: dict) -> float:
+    """The dropout probability a case's recipe trained with (``dropout``; default 0, module doc)."""
+    return float(case.get("dropout", 0.0))
 
 
 def case_fp8_recipe(case: dict) -> str:

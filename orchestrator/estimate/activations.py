@@ -12,6 +12,15 @@ Generalised here to GQA and any MLP width: the 24 (tensor-parallel part) is
 2*(two norm inputs + QKV input + fc1 input) + two 1-byte dropout masks. Fused (flash) attention stores no
 s^2 tensors, only its fp32 log-sum-exp (4*a*s*b bytes). With fp32 training every 2 becomes 4.
 
+The formula assumes dropout (p > 0, as the GPT-3-era runs it was derived for). Without dropout
+(``ModelShape.dropout`` 0, what orch trains with) nothing is dropped and nothing is stored for it: PyTorch's
+dropout returns its input when p == 0 (ATen native/Dropout.cpp ``_dropout_impl``; under torch.compile, which
+Megatron-Core's jit_fuser is, the aten.dropout decomposition returns ``input.clone()``, fused away), and
+Megatron-Core calls that dropout for the embedding, bias-dropout-add (fusions/fused_bias_dropout.py) and the
+unfused attention's probabilities (transformer/dot_product_attention.py) at core_v0.16.1. So with p = 0 the
+two 1-byte masks per layer and the embedding's go, and the unfused attention keeps its softmax output only
+(2*a*s*b*s bytes instead of 5: the dropout output is the softmax output): 32 + 2*a*s/h per s*b*h.
+
 The transient peak on top of what is stored is the recompute working set (one layer's full activations under
 full recompute, its attention scores under selective) or, on the last stage, the logits with their fp32
 softmax and gradient, whichever is larger: the loss backward ends before the last layer is recomputed.
@@ -54,6 +63,17 @@ class ActivationsEstimate:
     middle_stage_bytes: int = 0                  # its stored layers + recompute working set; 0 if none
 
 
+def mask_bytes(shape: ModelShape) -> int:
+    """Bytes per element of a dropout mask: MASK_BYTES with dropout, 0 without (see module doc)."""
+    return MASK_BYTES if shape.dropout > 0 else 0
+
+
+def attention_probs_bytes(shape: ModelShape, dtype_bytes: int) -> int:
+    """Bytes per attention-score element an unfused attention stores: softmax output, dropout mask and output
+    with dropout; the softmax output alone without."""
+    return 2 * dtype_bytes + MASK_BYTES if shape.dropout > 0 else dtype_bytes
+
+
 def layer_activation_bytes(shape: ModelShape, tp: int, sp: bool, recompute: str, micro_batch: int,
                            dtype_bytes: int = 2) -> int:
     """Bytes one layer stores for one micro-batch on one tensor-parallel rank."""
@@ -62,7 +82,7 @@ def layer_activation_bytes(shape: ModelShape, tp: int, sp: bool, recompute: str,
     rep_div = tp if sp else 1
     if recompute == "full":
         return e * sbh // rep_div
-    replicated = (4 * e + 2 * MASK_BYTES) * sbh                  # norm inputs, QKV/fc1 inputs, masks
+    replicated = (4 * e + 2 * mask_bytes(shape)) * sbh           # norm inputs, QKV/fc1 inputs, masks
     mlp = (3 if shape.gated_mlp else 2) * shape.ffn_hidden_size
     parallel = e * s * b * (2 * h + 2 * shape.kv_size + mlp)     # Q, K, V, proj input, MLP activations
     a = shape.num_attention_heads
@@ -71,7 +91,7 @@ def layer_activation_bytes(shape: ModelShape, tp: int, sp: bool, recompute: str,
     elif recompute == "selective":
         attention = 0
     else:
-        attention = (2 * e + MASK_BYTES) * a * s * s * b         # softmax out, dropout mask and out
+        attention = attention_probs_bytes(shape, e) * a * s * s * b   # softmax out (dropout mask and out)
     return replicated // rep_div + (parallel + attention) // tp
 
 
@@ -80,7 +100,7 @@ def attention_scores_bytes(shape: ModelShape, tp: int, micro_batch: int, dtype_b
     if shape.flash_attention:
         return 0
     s = shape.seq_length
-    return (2 * dtype_bytes + MASK_BYTES) * shape.num_attention_heads * s * s * micro_batch // tp
+    return attention_probs_bytes(shape, dtype_bytes) * shape.num_attention_heads * s * s * micro_batch // tp
 
 
 def in_flight_chunks(stage: int, pp: int, vpp: int, num_microbatches: int) -> int:
@@ -118,7 +138,7 @@ def estimate_activations(shape: ModelShape, tp: int, pp: int, vpp: int, sp: bool
     else:
         working = 0
     sbh = shape.seq_length * micro_batch * shape.hidden_size
-    embedding_out = (dtype_bytes + MASK_BYTES) * sbh // (tp if sp else 1)   # embedding dropout output + mask
+    embedding_out = (dtype_bytes + mask_bytes(shape)) * sbh // (tp if sp else 1)   # embedding (dropout) out + mask
     first_chunks = in_flight_chunks(0, pp, vpp, num_microbatches) // vpp or 1
     logits = logits_bytes(shape, padded_vocab, tp, micro_batch, dtype_bytes)
     # The logits buffers and the recompute working set are never live together: the loss and the output

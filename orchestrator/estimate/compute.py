@@ -22,6 +22,11 @@ Time = FLOPs / (peak x achievable efficiency), kernel by kernel:
 * **Memory-bound kernels** (norms, bias+activation, bias+dropout+residual, RoPE, reshapes) cost their
   HBM bytes over the sustained bandwidth; without sequence parallelism every TP rank runs them on the
   full s*b*h tensor (Korthikanti et al. 2022, section 4.2.2), with it on 1/t of it.
+* **Dropout** (``ModelShape.dropout`` > 0) writes a 1-byte mask in the forward and reads it in the backward
+  (bias-dropout-add, fused), and in an unfused attention reads and writes the s^2 probabilities once more with
+  their mask. Without dropout (p = 0, what orch trains with) PyTorch's dropout returns its input, no kernel
+  and no mask (estimate/activations.py module doc): bias-dropout-add is the residual add alone and the
+  attention's probabilities go from the softmax straight to P V.
 * each kernel adds ``kernel_gap_s``.
 * synchronous training runs at the pace of its slowest GPU: compute is stretched by
   :func:`straggler_factor` (expected maximum of the per-GPU speed spread over the world size).
@@ -163,8 +168,9 @@ def _attention_times_s(shape: ModelShape, hw: Hardware, tp: int, mb: int) -> tup
     scores = matmul_time_s(s, s, d, hw, batch)         # Q K^T
     context = matmul_time_s(s, d, s, hw, batch)        # P V
     e, elems = hw.dtype_bytes, batch * s * s
-    softmax_fwd = (2 * e) * elems + (2 * e + MASK) * elems          # softmax r/w, dropout r/w + mask
-    softmax_bwd = (3 * e) * elems + (2 * e + MASK) * elems
+    dropout = (2 * e + MASK) * elems if shape.dropout > 0 else 0    # dropout r/w + mask (fwd and bwd alike)
+    softmax_fwd = (2 * e) * elems + dropout                         # softmax r/w
+    softmax_bwd = (3 * e) * elems + dropout
     fwd = scores + context + softmax_fwd / hw.hbm_Bps
     bwd = 2 * (scores + context) + softmax_bwd / hw.hbm_Bps
     return fwd, bwd, fwd
@@ -178,14 +184,17 @@ def causal_fraction(seq: int, block: int = 128) -> float:
 
 def _memory_bound_bytes(shape: ModelShape, e: int, tp: int, sp: bool, mb: int) -> tuple[float, float]:
     """(forward, backward) HBM bytes of one layer's element-wise kernels on one TP rank, outside the MLP
-    (norms, residuals and dropouts, QKV/context reshapes, RoPE)."""
+    (norms, residuals and dropouts, QKV/context reshapes, RoPE). The two bias-dropout-adds read the branch
+    output and the residual and write the sum (3 e per element), plus with dropout the mask (written forward,
+    read backward)."""
+    mask = MASK if shape.dropout > 0 else 0
     tokens = shape.seq_length * mb
     x = tokens * shape.hidden_size / (tp if sp else 1)      # tensors outside the TP region
     qkv = tokens * (shape.q_size + 2 * shape.kv_size) / tp
     ctx = tokens * shape.q_size / tp
     rope = 0 if shape.learned_positions else tokens * (shape.q_size + shape.kv_size) / tp
-    fwd = 2 * (2 * e * x) + 2 * ((3 * e + MASK) * x) + 2 * e * (qkv + ctx + rope)
-    bwd = 2 * (3 * e * x) + 2 * ((3 * e + MASK) * x) + 2 * e * (qkv + ctx + rope)
+    fwd = 2 * (2 * e * x) + 2 * ((3 * e + mask) * x) + 2 * e * (qkv + ctx + rope)
+    bwd = 2 * (3 * e * x) + 2 * ((3 * e + mask) * x) + 2 * e * (qkv + ctx + rope)
     return fwd, bwd
 
 

@@ -54,6 +54,11 @@ class ModelShape:
     bias: bool = True
     kv_channels: int | None = None      # head dimension when it is not hidden / heads (Qwen3)
     moe: MoEShape | None = None
+    # Hidden and attention dropout probability. orch trains without dropout (render/megatron.py writes
+    # --attention-dropout 0 --hidden-dropout 0; the reference trainer has none), so a spec's shape says 0; a
+    # published run states its own (orchestrator/published.py case_dropout). With 0 no mask is stored and no
+    # dropout kernel runs (estimate/activations.py, estimate/compute.py).
+    dropout: float = 0.0
 
     @property
     def head_dim(self) -> int:

@@ -72,11 +72,16 @@ class EstimateContext:
     @classmethod
     def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None,
            ep_a2a_overlap: bool = True, fp8_recipe: str = FP8_RECIPE,
-           distribute_saved_activations: bool = False) -> "EstimateContext":
+           distribute_saved_activations: bool = False, dropout: float = 0.0) -> "EstimateContext":
+        """``dropout``: the hidden/attention dropout probability the run trains with (ModelShape.dropout); orch
+        trains without (0), a published run states its own (published.py case_dropout)."""
         cost = cost or CostModel()
         c = spec.cluster
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
-        return cls(shape=model_shape(spec), hw=hardware_for(spec, cost), cost=cost,
+        shape = model_shape(spec)
+        if dropout:
+            shape = dataclasses.replace(shape, dropout=dropout)
+        return cls(shape=shape, hw=hardware_for(spec, cost), cost=cost,
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=engine_of(spec),
                    host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,

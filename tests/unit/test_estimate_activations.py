@@ -13,9 +13,9 @@ from tests.conftest import ROOT
 CASES = load_cases(ROOT / "tests" / "data" / "published-cases.json")
 
 # MT-NLG 530B, the case of published-cases.json (korthikanti2022_actmem_530B_per_layer): s=2048, b=1,
-# h=20480, a=128, t=8, no fused attention (the paper's setting).
+# h=20480, a=128, t=8, no fused attention, dropout (the paper's setting; without dropout: tests/unit/test_dropout.py).
 MTNLG = ModelShape(num_layers=105, hidden_size=20480, num_attention_heads=128, num_query_groups=128,
-                   ffn_hidden_size=4 * 20480, vocab_size=51200, seq_length=2048, flash_attention=False)
+                   ffn_hidden_size=4 * 20480, vocab_size=51200, seq_length=2048, flash_attention=False, dropout=0.1)
 S, B, H, A, T = 2048, 1, 20480, 128, 8
 
 
@@ -69,7 +69,8 @@ def test_flash_attention_stores_no_s2_terms():
 
 def test_gqa_and_gated_mlp_generalisation():
     llama = ModelShape(num_layers=32, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
-                       ffn_hidden_size=14336, vocab_size=128256, seq_length=8192, gated_mlp=True, flash_attention=False)
+                       ffn_hidden_size=14336, vocab_size=128256, seq_length=8192, gated_mlp=True, flash_attention=False,
+                       dropout=0.1)
     s, h, kv, f = 8192, 4096, 1024, 14336
     expected = 10 * s * h + 2 * s * (2 * h + 2 * kv + 3 * f) + 5 * 32 * s * s
     assert layer_activation_bytes(llama, 1, False, "none", 1) == expected
