@@ -35,10 +35,10 @@ Dropout (:func:`case_dropout`, the cost model's ``ModelShape.dropout``: 1-byte m
 memory traffic, none at p = 0) is what each run trained with: ``published.dropout`` where its source states it, with
 the evidence in ``published.dropout_source``; otherwise the default of the software it ran, Megatron-LM's
 --hidden-dropout / --attention-dropout 0.1 (:data:`MEGATRON_DEFAULT_DROPOUT`), which Megatron-DeepSpeed and
-GPT-NeoX's fork inherit. By family: Narayanan et al. 2021 (Table 1 and Table 2's ZeRO-3 rows), MT-NLG and the
-January 2021 GPT-3 example leave the default, 0.1 (the example script sets no dropout flag); BLOOM inherits it
-and says so; OPT sets 0.1 (no embedding dropout); GLM-130B leaves the default; GPT-NeoX-20B sets 0; torchtitan's
-Llama has no dropout module; llm-foundry's MPT defaults to 0.
+GPT-NeoX's fork inherit. By family: the January 2021 GPT-3 example sets no dropout flag (0.1); BLOOM inherits
+the default and says so (0.1); OPT sets 0.1 (no embedding dropout); GPT-NeoX-20B sets 0; torchtitan's Llama has no
+dropout module (0); llm-foundry's MPT defaults to 0. Narayanan et al. 2021 (Table 1, Table 2's ZeRO-3 rows), MT-NLG
+and GLM-130B are taken at the default 0.1: no source of theirs read here states a dropout.
 """
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ How the layout maps onto Megatron-LM:
   predicts. A dataset path -> ``--data-path`` with the spec's tokenizer (HuggingFace) or, without one,
   the same null tokenizer (pre-tokenized ids < vocab_size).
 * MoE, context parallelism, FP8 and kv_channels: :mod:`orchestrator.render.megatron_moe`.
-* The spec has no dropout field: orch trains without dropout (``--attention-dropout 0 --hidden-dropout 0``).
+* The spec has no dropout field: orch trains without dropout (``--attention-dropout 0 --hidden-dropout 0``),
+  and the cost model prices it so (``ModelShape.dropout`` 0: no masks, no dropout kernels).
 
 ``megatron_config.json`` holds ``TransformerConfig`` (+ ``ModelParallelConfig``) keyword arguments. JSON
 cannot hold torch objects, so the few fields that need one (``OBJECT_FIELDS``: dtypes, the activation
