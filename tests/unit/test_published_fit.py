@@ -13,7 +13,7 @@ from orchestrator.plan import build_plan
 from orchestrator.planner import NoFitError, search
 from orchestrator.published import (EXTRA_CASES, load_cases, published_estimate,
                                     throughput_spec, zero3_530b_case)
-from orchestrator.published_layouts import layout_case_spec, load_layout_cases
+from orchestrator.published_layouts import layout_case_spec, load_layout_cases, predicted_layout
 from tests.conftest import ROOT
 
 DATA = ROOT / "tests" / "data"
@@ -29,6 +29,8 @@ def test_published_layout_fits(case):
 
 @pytest.mark.parametrize("case", load_layout_cases(DATA / "published-moe-cp-fp8.json"), ids=lambda c: c["id"])
 def test_published_moe_cp_fp8_layout_fits(case):
+    """As the case ran (its dropout, EP overlap and FP8 recipe: predicted_layout), and as orch would plan it."""
+    assert predicted_layout(case)["memory"]["fits"] is True
     assert build_plan(layout_case_spec(case), top_k=1).chosen["memory"]["fits"] is True
 
 
