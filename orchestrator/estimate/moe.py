@@ -177,12 +177,13 @@ def expert_host_ops(fp8: bool, recipe: str = FP8_RECIPE) -> tuple[int, int]:
 
 def dense_host_s() -> tuple[float, float]:
     """Host launch time of one dense layer, forward and backward: KERNELS_FWD / KERNELS_BWD host operators.
-    Counted against Megatron-Core core_v0.16.1's TE-spec layer (transformer_layer.py, attention.py, mlp.py): four
-    TE linear modules (LayerNorm+QKV, projection, LayerNorm+fc1, fc2; ~2.7 ops each, TE issue #2053), TE's
-    DotProductAttention, two RoPE applications, two fused bias-dropout-adds, the fused activation and the q/k/v
-    split views: ~26 ops forward; autograd runs about twice that backward (data- and weight-gradient GEMMs per
-    linear). KERNELS_FWD / KERNELS_BWD (20 / 40) lie within a third of it; we keep them. Eager only: a
-    CUDA-graphed layer (which orch never emits) launches from one graph replay."""
+    Cross-checked against Megatron-Core core_v0.16.1's TE-spec layer (transformer_layer.py, attention.py, mlp.py;
+    the layer norms are fused into the linears): four TE linear modules (LayerNorm+QKV, projection, LayerNorm+fc1,
+    fc2) and TE's DotProductAttention at ~36 us each (2.7x torch's 13.5 us Linear, TE issue #2053), two RoPE
+    applications, two fused bias-dropout-adds and the fused activation at ~13.5 us, the q/k/v split views: ~270 us
+    forward; autograd runs about twice that backward (a data- and a weight-gradient GEMM per linear). KERNELS_FWD /
+    KERNELS_BWD (20 / 40 ops, 200 / 400 us) are about 3/4 of that count; we keep them (the MoE layer's floor uses
+    them too). Eager only: a CUDA-graphed layer (which orch never emits) launches from one graph replay."""
     return KERNELS_FWD * HOST_OP_S, KERNELS_BWD * HOST_OP_S
 
 
