@@ -14,8 +14,8 @@ from functools import lru_cache
 from .compute import LayerTimeEstimate, attention_linear_shapes, estimate_layer_time, mlp_linear_shapes
 from .context import context_layer_comm, rank_shape, with_full_attention
 from .hardware import Hardware
-from .moe import (after_sync_host_s, expert_layer_comm, expert_work, moe_host_s, moe_mlp_times, with_dispatch_sync,
-                  with_host_floor)
+from .moe import (after_sync_host_s, dense_host_s, expert_layer_comm, expert_work, moe_host_s, moe_mlp_times,
+                  with_dispatch_sync, with_host_floor)
 from .params import ModelShape
 from .precision import FP8_RECIPE, cast_bytes_per_row, fp8_gemm_hardware
 
@@ -59,6 +59,8 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
     gemm_hw = fp8_gemm_hardware(hw, gpu) if precision == "fp8" else None
     dense = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw),
                         _dense_cast_rows(rs, key), hw, gemm_hw)
+    if gpu != "cpu":     # eager PyTorch launches every kernel from the host (the CPU target counts it as compute)
+        dense = with_host_floor(dense, *dense_host_s())
     layer, ep_bytes, ep_s = dense, 0.0, 0.0
     if shape.moe is not None:
         mlp = moe_mlp_times(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb, gemm_hw)

@@ -57,7 +57,12 @@ ROUTER_KERNELS = 6
 # communication kernels take and the first transfer stay exposed: we take a quarter (our estimate).
 EP_A2A_OVERLAP = 0.75        # router GEMM, softmax, top-k, aux-loss, permute, unpermute (forward)
 # Host time to launch one operator from eager PyTorch (Python, the ATen dispatcher, autograd bookkeeping,
-# cudaLaunchKernel): ~5-25 us per op on current stacks; we take 10 us (our estimate, not fitted). Megatron-
+# cudaLaunchKernel): we take 10 us (not fitted), within the published measurements: torch.nn.Linear's forward
+# (one cuBLAS GEMM) costs the host 13.5 us on a DGX H100 (Xeon 8480C; TransformerEngine issue #2053, BF16,
+# h 2048, 8192 tokens); a TE linear module ~2.7x a torch one on the same host (ibid., GB200 99.7 vs 37.1 us,
+# GH200 90.5 vs 33.2 us); TE pull request #1016 (a maintainer, L40): a small PyTorch op's launch ~20 us, ~10 us
+# with a dedicated kernel; Meta's HolisticTraceAnalysis docs (features/cuda_kernel_launch_stats): "the launch
+# time on the CPU side is between 5-20 microseconds" (the cudaLaunchKernel runtime event alone). Megatron-
 # Core's MoE docs name the "CPU overhead bottleneck" of fine-grained MoE ("many small operations"; remedies:
 # CUDA graphs, router and permute fusion, fewer launches). A dropless MoE layer cannot be captured in a CUDA
 # graph (dynamic shapes: Megatron-Core MoE docs, "CUDA Graph") and its alltoall dispatcher and grouped GEMM
@@ -170,10 +175,23 @@ def expert_host_ops(fp8: bool, recipe: str = FP8_RECIPE) -> tuple[int, int]:
     return per_f, per_b
 
 
+def dense_host_s() -> tuple[float, float]:
+    """Host launch time of one dense layer, forward and backward: KERNELS_FWD / KERNELS_BWD host operators.
+    Cross-checked against Megatron-Core core_v0.16.1's TE-spec layer (transformer_layer.py, attention.py, mlp.py;
+    the layer norms are fused into the linears): four TE linear modules (LayerNorm+QKV, projection, LayerNorm+fc1,
+    fc2) and TE's DotProductAttention at ~36 us each (2.7x torch's 13.5 us Linear, TE issue #2053), two RoPE
+    applications, two fused bias-dropout-adds and the fused activation at ~13.5 us, the q/k/v split views: ~270 us
+    forward; autograd runs about twice that backward (a data- and a weight-gradient GEMM per linear). KERNELS_FWD /
+    KERNELS_BWD (20 / 40 ops, 200 / 400 us) are about 3/4 of that count; we keep them (the MoE layer's floor uses
+    them too). Eager only: a CUDA-graphed layer (which orch never emits) launches from one graph replay."""
+    return KERNELS_FWD * HOST_OP_S, KERNELS_BWD * HOST_OP_S
+
+
 def moe_host_s(shape: ModelShape, ep: int, fp8: bool, recipe: str = FP8_RECIPE) -> tuple[float, float]:
     """Host launch time of one MoE layer (attention, router, dispatch, local experts), forward and backward."""
     block_f, block_b = moe_block_host_s(shape, ep, fp8, recipe)
-    return block_f + KERNELS_FWD * HOST_OP_S, block_b + KERNELS_BWD * HOST_OP_S
+    dense_f, dense_b = dense_host_s()
+    return block_f + dense_f, block_b + dense_b
 
 
 def moe_block_host_s(shape: ModelShape, ep: int, fp8: bool, recipe: str = FP8_RECIPE) -> tuple[float, float]:
