@@ -39,6 +39,12 @@ GPT-NeoX's fork inherit. By family: the January 2021 GPT-3 example sets no dropo
 the default and says so (0.1); OPT sets 0.1 (no embedding dropout); GPT-NeoX-20B sets 0; torchtitan's Llama has no
 dropout module (0); llm-foundry's MPT defaults to 0. Narayanan et al. 2021 (Table 1, Table 2's ZeRO-3 rows), MT-NLG
 and GLM-130B are taken at the default 0.1: no source of theirs read here states a dropout.
+
+The loss (:func:`case_loss`, the cost model's ``ModelShape.loss``: what the cross entropy keeps of the logits,
+estimate/activations.py LOSS_IMPLS) is ``published.loss`` where the source states it, with the evidence in
+``published.loss_source``; otherwise Megatron-LM's vocab-parallel cross entropy, which Megatron-LM,
+Megatron-DeepSpeed, GPT-NeoX and metaseq's model-parallel OPT all call. torchtitan calls torch's cross entropy on
+an fp32 copy of the logits; llm-foundry's MPT flash-attn's fused xentropy (its ``loss_fn`` default).
 """
 from __future__ import annotations
 
@@ -372,6 +378,7 @@ TORCHTITAN_FSDP = (torchtitan_case("llama3_70b", 1, "full", 331, 0.517),
 # n_layers); expansion_ratio 4, vocab 50368, learned positions, biases, LayerNorm, tied embeddings, triton flash
 # attention, no dropout (configuration_mpt.py defaults at that commit)
 MPT_SHAPES = {"70b": (8192, 64, 80), "30b": (7168, 56, 48), "13b": (5120, 40, 40), "7b": (4096, 32, 32),
+              "3b": (2560, 20, 32), "1b": (2048, 16, 24), "760m": (1536, 12, 24), "350m": (1024, 16, 24),
               "125m": (768, 12, 12)}
 
 
@@ -394,16 +401,22 @@ def mpt_case(model: str, micro_batch: int, grad_accum: int, recompute: str, toke
                       "precision": "bf16", "tokens_per_s_per_gpu": tokens_per_s_per_gpu,
                       "tflops_per_gpu": round(mfu * 312, 1), "engine": "megatron", "dropout": 0.0,
                       "dropout_source": "configuration_mpt.py defaults at that commit (emb_pdrop 0, resid_pdrop 0, "
-                                        "attn_config attn_pdrop 0); the model yamls set none"},
+                                        "attn_config attn_pdrop 0); the model yamls set none",
+                      "loss": "xentropy",
+                      "loss_source": "modeling_mpt.py ComposerMPTCausalLM at that commit: loss_fn defaults to "
+                                     "fused_crossentropy, flash_attn.losses.cross_entropy.CrossEntropyLoss (setup.py: "
+                                     "flash-attn v1.0.3.post0, xentropy-cuda-lib of flash-attention v0.2.8); neither "
+                                     "the model yamls nor submit_benchmarks.py set loss_fn"},
         "notes": "Composer's PyTorch FSDP (torch 1.13.1 image of submit_benchmarks.py; modeling_mpt.py fsdp_wrap_fn "
                  "and activation_checkpointing_fn: each MPTBlock, limit_all_gathers) modelled as Megatron FSDP at "
                  "ZeRO-3, the orch engine whose sharding matches (per-layer gathers, overlapped). PURE mixed "
                  "precision reduces gradients in bf16; the model reduces them in fp32 as Megatron does (twice the "
-                 "reduce-scatter bytes). The table's rows without activation checkpointing at 64 GPUs (3b, 1b, "
-                 "760m, 350m) are judged not to fit and are not listed: 79.1 / 85.5 / 82.0 / 82.0 GiB modelled of "
-                 "76.0 usable without dropout (83-90 GiB when dropout masks were counted), of which 69-76 GiB "
-                 "activations (the last layer's logits with their fp32 softmax and gradient ~9 GiB of it, where "
-                 "MPT's loss may differ); not explained further here",
+                 "reduce-scatter bytes). The loss is flash-attn's fused xentropy: it keeps the bf16 logits and "
+                 "writes a bf16 gradient, no fp32 softmax (estimate/activations.py LOSS_IMPLS). The table's "
+                 "MPT-1b row without activation checkpointing at 64 GPUs (micro-batch 20, 19423 tokens/s per GPU) "
+                 "is still judged not to fit and is not listed: 77.0 GiB modelled of 76.0 usable (activations 67.9 "
+                 "GiB: 24 layers x 2.5 GiB stored and the loss's bf16 logits and gradient 7.7 GiB; other 8.8 GiB, "
+                 "of which allocator fragmentation 6.8 GiB, 10% of the activations)",
         "verification": "README table, model yamls, MPT config defaults and the benchmark submit script read at "
                         "commit 5f43bf160 in the mosaicml/llm-foundry git history; the parameter count of the shape "
                         "(12h^2 + 13h per layer, tied 50368 x h, 2048 x h positions) equals the table's NumParams",
@@ -412,6 +425,7 @@ def mpt_case(model: str, micro_batch: int, grad_accum: int, recompute: str, toke
 
 MPT_FSDP = (mpt_case("70b", 8, 4, "full", 410, 0.5333), mpt_case("30b", 16, 3, "full", 876, 0.5293),
             mpt_case("13b", 32, 1, "full", 1994, 0.5251), mpt_case("7b", 32, 1, "full", 3670, 0.5080),
+            mpt_case("3b", 12, 3, "none", 10158, 0.5836), mpt_case("760m", 24, 1, "none", 29565, 0.5182), mpt_case("350m", 32, 1, "none", 54384, 0.4776),
             mpt_case("125m", 32, 1, "none", 130026, 0.4077))
 
 ZERO3_530B = (zero3_530b_case(640, 2560, 4, 138), zero3_530b_case(1120, 2240, 2, 98), zero3_530b_case(2240, 2240, 1, 48))
@@ -502,6 +516,12 @@ def case_dropout(case: dict) -> float:
     return float(case["published"].get("dropout", MEGATRON_DEFAULT_DROPOUT))
 
 
+def case_loss(case: dict) -> str:
+    """The cross entropy implementation a case ran: ``published.loss`` where its source states it, else
+    Megatron-LM's vocab-parallel cross entropy (module doc)."""
+    return str(case["published"].get("loss", "vocab_parallel"))
+
+
 def case_recompute(case: dict) -> str:
     """The recompute mode of a case ("full (assumed, eq.3 convention)" reads as "full")."""
     return str(case["published"]["recompute"]).split()[0]
@@ -529,7 +549,7 @@ def published_estimate(case: dict, cost=None):
             spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
             est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case),
                          distribute_saved_activations=bool(case["published"].get("distribute_saved_activations")),
-                         dropout=case_dropout(case)).chosen
+                         dropout=case_dropout(case), loss=case_loss(case)).chosen
         except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
             last_error = e
             continue

@@ -22,8 +22,26 @@ two 1-byte masks per layer and the embedding's go, and the unfused attention kee
 (2*a*s*b*s bytes instead of 5: the dropout output is the softmax output): 32 + 2*a*s/h per s*b*h.
 
 The transient peak on top of what is stored is the recompute working set (one layer's full activations under
-full recompute, its attention scores under selective) or, on the last stage, the logits with their fp32
-softmax and gradient, whichever is larger: the loss backward ends before the last layer is recomputed.
+full recompute, its attention scores under selective) or, on the last stage, what the loss keeps of the logits
+for its backward plus the logits' gradient, whichever is larger: the loss backward ends before the last layer is
+recomputed. What the loss keeps depends on its implementation (``ModelShape.loss``, :data:`LOSS_IMPLS`), per
+logit element, e the training dtype's bytes:
+  vocab_parallel  Megatron's vocab-parallel cross entropy (tensor_parallel/cross_entropy.py, and the native
+                  fusion fusions/fused_cross_entropy.py, at core_v0.16.1): the logits are cast to fp32 inside
+                  the loss (``.float()``, a no-op in fp32) and exp / div run in place on that copy, which is
+                  saved as the softmax (4 bytes); the e-byte logits are not saved (the output layer saves its
+                  input, not its output) and go when the forward returns. Backward computes the gradient in
+                  place on the softmax and casts it to the dtype (e bytes) while it is still held: 4 + e
+                  (4 in fp32, where there is no cast). Forward holds the same: the e-byte logits and their
+                  fp32 copy. Megatron-LM of 2020-21 (the GPT-3-era runs, Megatron-DeepSpeed, GPT-NeoX) casts
+                  outside the same in-place function: the same 4 + e.
+  xentropy        flash-attn's fused cross entropy (flash_attn/losses/cross_entropy.py at v1.0.3.post0 over
+                  csrc/xentropy at v0.2.8; llm-foundry's MPT ``loss_fn: fused_crossentropy``): the forward
+                  kernel reads the e-byte logits once and keeps only an fp32 log-sum-exp per token; it saves
+                  the logits themselves (no copy) and the backward writes a new e-byte gradient
+                  (``at::empty_like(logits)``, inplace_backward False by default): 2e.
+  torch           orch's reference trainer (train/model.py lm_loss: F.cross_entropy on an fp32 copy): counted
+                  as the logits, an fp32 log-softmax and the gradient, 2e + 4 (not traced op by op).
 
 In flight under 1F1B, stage r holds min(m, p - r) micro-batches of its L/p layers: the first stage holds
 L layers' worth. Megatron's interleaved schedule with v chunks keeps (p - r - 1)*2 + (v - 1)*p + 1 chunk
@@ -46,6 +64,7 @@ from .params import ModelShape
 MASK_BYTES = 1
 LSE_BYTES = 4      # fused attention keeps its log-sum-exp in fp32
 LOGIT_FP32_BYTES = 4
+LOSS_IMPLS = ("vocab_parallel", "xentropy", "torch")
 
 
 @dataclass(frozen=True)
@@ -58,7 +77,7 @@ class ActivationsEstimate:
     first_stage_bytes: int      # stored layers + embedding output + recompute working set
     last_stage_bytes: int       # stored layers + logits / loss buffers + recompute working set
     working_bytes: int          # transient: one layer recomputed during backward
-    logits_bytes: int           # last stage: logits, fp32 softmax and its gradient for one micro-batch
+    logits_bytes: int           # last stage: what the loss holds of one micro-batch's logits (peak)
     middle_stage_layers_in_flight: float = 0.0   # stage 1 when pp > 2 (the busiest middle stage)
     middle_stage_bytes: int = 0                  # its stored layers + recompute working set; 0 if none
 
@@ -110,10 +129,23 @@ def in_flight_chunks(stage: int, pp: int, vpp: int, num_microbatches: int) -> in
     return min(num_microbatches * vpp, (pp - stage - 1) * 2 + (vpp - 1) * pp + 1)
 
 
+def loss_bytes_per_logit(loss: str, dtype_bytes: int) -> int:
+    """Peak bytes per logit element the loss holds (what it keeps for its backward and the logits' gradient;
+    module doc, one case per :data:`LOSS_IMPLS`)."""
+    e = dtype_bytes
+    if loss == "vocab_parallel":
+        return LOGIT_FP32_BYTES + (e if e != LOGIT_FP32_BYTES else 0)
+    if loss == "xentropy":
+        return 2 * e
+    if loss == "torch":
+        return 2 * e + LOGIT_FP32_BYTES
+    raise ValueError(f"unknown loss implementation {loss!r} (one of {', '.join(LOSS_IMPLS)})")
+
+
 def logits_bytes(shape: ModelShape, padded_vocab: int, tp: int, micro_batch: int, dtype_bytes: int = 2) -> int:
-    """Logits, their fp32 softmax (vocab-parallel cross-entropy) and their gradient, one micro-batch."""
+    """What the loss holds of one micro-batch's logits at its peak (``shape.loss``; module doc)."""
     tokens = shape.seq_length * micro_batch
-    return tokens * padded_vocab // tp * (2 * dtype_bytes + LOGIT_FP32_BYTES)
+    return tokens * padded_vocab // tp * loss_bytes_per_logit(shape.loss, dtype_bytes)
 
 
 @lru_cache(maxsize=65536)
@@ -142,7 +174,7 @@ def estimate_activations(shape: ModelShape, tp: int, pp: int, vpp: int, sp: bool
     first_chunks = in_flight_chunks(0, pp, vpp, num_microbatches) // vpp or 1
     logits = logits_bytes(shape, padded_vocab, tp, micro_batch, dtype_bytes)
     # The logits buffers and the recompute working set are never live together: the loss and the output
-    # layer run their backward (and free the fp32 softmax and the logits' gradient) before the last layer's
+    # layer run their backward (and free what the loss kept and the logits' gradient) before the last layer's
     # backward recomputes it, so the transient peak is the larger of the two, not their sum.
     last_transient = max(logits, working)
     first = int(per_layer * first_layers) + embedding_out * first_chunks + working

@@ -220,11 +220,17 @@ def estimate_layer_time(shape: ModelShape, hw: Hardware, tp: int, mb: int, sp: b
 
 @lru_cache(maxsize=16384)
 def head_time_s(shape: ModelShape, hw: Hardware, tp: int, mb: int, padded_vocab: int) -> float:
-    """Output layer (logits GEMM), vocab-parallel cross-entropy and final norm, forward + backward."""
+    """Output layer (logits GEMM), the cross entropy (``shape.loss``) and final norm, forward + backward."""
     tokens = shape.seq_length * mb
     f, b = linear_times_s(tokens, padded_vocab // tp, shape.hidden_size, hw)
     e = hw.dtype_bytes
-    loss_bytes = tokens * padded_vocab / tp * (e + 3 * FP32 + e)   # logits in, fp32 softmax r/w, grad out
+    if shape.loss == "xentropy":
+        # flash-attn's xentropy (csrc/xentropy at v0.2.8): one forward kernel reads the logits (an fp32
+        # log-sum-exp per token out), one backward kernel reads them again and writes the gradient.
+        per_logit = 3 * e
+    else:
+        per_logit = e + 3 * FP32 + e   # logits in, fp32 softmax r/w, grad out
+    loss_bytes = tokens * padded_vocab / tp * per_logit
     norm_bytes = 5 * e * tokens * shape.hidden_size
     return f + b + (loss_bytes + norm_bytes) / hw.hbm_Bps + 8 * hw.kernel_gap_s
 

@@ -59,6 +59,12 @@ class ModelShape:
     # published run states its own (orchestrator/published.py case_dropout). With 0 no mask is stored and no
     # dropout kernel runs (estimate/activations.py, estimate/compute.py).
     dropout: float = 0.0
+    # The cross-entropy implementation the run's loss goes through (estimate/activations.py LOSS_IMPLS: what it
+    # keeps of the logits for the backward; estimate/compute.py head_time_s: its memory traffic). orch's
+    # Megatron runs: Megatron-Core's vocab-parallel cross entropy; orch's DeepSpeed runs: the reference
+    # trainer's torch cross entropy (step.py default_loss); a published run states its own (published.py
+    # case_loss).
+    loss: str = "vocab_parallel"
 
     @property
     def head_dim(self) -> int:

@@ -72,21 +72,31 @@ class EstimateContext:
     @classmethod
     def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None,
            ep_a2a_overlap: bool = True, fp8_recipe: str = FP8_RECIPE,
-           distribute_saved_activations: bool = False, dropout: float = 0.0) -> "EstimateContext":
+           distribute_saved_activations: bool = False, dropout: float = 0.0,
+           loss: str | None = None) -> "EstimateContext":
         """``dropout``: the hidden/attention dropout probability the run trains with (ModelShape.dropout); orch
-        trains without (0), a published run states its own (published.py case_dropout)."""
+        trains without (0), a published run states its own (published.py case_dropout). ``loss``: the cross
+        entropy implementation (ModelShape.loss); None: what orch's engine trains with (:func:`default_loss`)."""
         cost = cost or CostModel()
         c = spec.cluster
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
         shape = model_shape(spec)
         if dropout:
             shape = dataclasses.replace(shape, dropout=dropout)
+        shape = dataclasses.replace(shape, loss=loss or default_loss(engine_of(spec)))
         return cls(shape=shape, hw=hardware_for(spec, cost), cost=cost,
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=engine_of(spec),
                    host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
                    engine_version=engine_version, ep_a2a_overlap=ep_a2a_overlap, fp8_recipe=fp8_recipe,
                    distribute_saved_activations=distribute_saved_activations)
+
+
+def default_loss(engine: str) -> str:
+    """The cross entropy orch's runs train with: Megatron-Core's vocab-parallel cross entropy (render/megatron.py
+    writes no --cross-entropy-loss-fusion; the native fusion keeps the same buffers), the reference trainer's
+    torch cross entropy on DeepSpeed (train/model.py lm_loss). estimate/activations.py LOSS_IMPLS."""
+    return "torch" if engine == "deepspeed" else "vocab_parallel"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,80 @@
+"""What the cross entropy keeps of the logits, per implementation (estimate/activations.py LOSS_IMPLS), and
+that the published runs and orch's own runs get the loss their software called."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from orchestrator.estimate.activations import estimate_activations, logits_bytes, loss_bytes_per_logit
+from orchestrator.estimate.compute import head_time_s
+from orchestrator.estimate.params import ModelShape
+from orchestrator.estimate.step import EstimateContext
+from orchestrator.published import EXTRA_CASES, MPT_FSDP, case_loss, published_estimate, throughput_spec
+from orchestrator.spec import parse_spec
+
+MPT_3B = ModelShape(num_layers=32, hidden_size=2560, num_attention_heads=20, num_query_groups=20,
+                    ffn_hidden_size=10240, vocab_size=50368, seq_length=2048)
+
+
+def test_bytes_per_logit_follow_what_each_loss_keeps():
+    # Megatron: fp32 softmax (in place on the fp32 copy) + the gradient cast to the 16-bit dtype; fp32: no cast
+    assert loss_bytes_per_logit("vocab_parallel", 2) == 6 and loss_bytes_per_logit("vocab_parallel", 4) == 4
+    # flash-attn xentropy: the logits it saves + a new gradient of their dtype, no fp32 copy
+    assert loss_bytes_per_logit("xentropy", 2) == 4 and loss_bytes_per_logit("xentropy", 4) == 8
+    assert loss_bytes_per_logit("torch", 2) == 8
+    with pytest.raises(ValueError, match="xentropy"):
+        loss_bytes_per_logit("fused", 2)
+
+
+def test_last_stage_peak_moves_by_the_loss_buffers_only():
+    """pp = 1, no recompute: the peak differs between losses by exactly tokens x vocab x (bytes difference)."""
+    tokens_vocab = 2048 * 12 * 50368
+    est = {loss: estimate_activations(dataclasses.replace(MPT_3B, loss=loss), 1, 1, 1, False, "none", 12, 3, 50368)
+           for loss in ("vocab_parallel", "xentropy", "torch")}
+    assert est["torch"].first_stage_bytes - est["xentropy"].first_stage_bytes == tokens_vocab * 4
+    assert est["vocab_parallel"].first_stage_bytes - est["xentropy"].first_stage_bytes == tokens_vocab * 2
+    assert est["xentropy"].logits_bytes == logits_bytes(dataclasses.replace(MPT_3B, loss="xentropy"), 50368, 1, 12)
+
+
+def test_fused_xentropy_moves_fewer_bytes_than_the_fp32_softmax():
+    spec = parse_spec({"name": "x", "model": {"num_layers": 32, "hidden_size": 2560, "num_attention_heads": 20,
+                                              "vocab_size": 50368, "seq_length": 2048},
+                       "cluster": {"gpu": "a100-80gb", "num_nodes": 1, "gpus_per_node": 8},
+                       "training": {"global_batch_size": 96, "precision": "bf16"}})
+    hw = EstimateContext.of(spec).hw
+    fused = head_time_s(dataclasses.replace(MPT_3B, loss="xentropy"), hw, 1, 12, 50368)
+    unfused = head_time_s(MPT_3B, hw, 1, 12, 50368)
+    # 3 x 2 bytes against 2 + 3 x 4 + 2 per logit: 10 bytes less, at the modelled HBM rate
+    assert unfused - fused == pytest.approx(2048 * 12 * 50368 * 10 / hw.hbm_Bps, rel=1e-9)
+
+
+def test_orch_runs_get_their_engines_loss():
+    data = {"name": "x", "model": {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
+                                   "vocab_size": 1024, "seq_length": 128},
+            "cluster": {"gpu": "a100-80gb", "num_nodes": 1, "gpus_per_node": 8},
+            "training": {"global_batch_size": 8, "precision": "bf16"}}
+    engines = {e: EstimateContext.of(parse_spec({**data, "training": {**data["training"], "engine": e}})).shape.loss
+               for e in ("megatron", "deepspeed")}
+    assert engines == {"megatron": "vocab_parallel", "deepspeed": "torch"}
+    assert EstimateContext.of(parse_spec(data), loss="xentropy").shape.loss == "xentropy"
+
+
+def test_published_cases_state_their_loss():
+    assert {case_loss(c) for c in MPT_FSDP} == {"xentropy"}
+    assert all(c["published"].get("loss_source") for c in MPT_FSDP)
+    assert {case_loss(c) for c in EXTRA_CASES if c not in MPT_FSDP} == {"vocab_parallel"}
+
+
+@pytest.mark.parametrize("model", ["3b", "760m", "350m"])
+def test_mpt_rows_without_checkpointing_fit_with_their_loss(model):
+    """llm-foundry's no-checkpointing rows fit with flash-attn's xentropy; with Megatron's fp32 softmax the
+    3b row (micro-batch 12) would not."""
+    case = next(c for c in MPT_FSDP if c["id"] == f"llmfoundry_mpt_{model}_fsdp_64gpu")
+    assert case["published"]["recompute"] == "none"
+    assert published_estimate(case).memory.fits
+    if model == "3b":
+        from orchestrator.errors import SpecError
+        with pytest.raises(SpecError, match="fits"):
+            published_estimate({**case, "published": {**case["published"], "loss": "vocab_parallel"}})
+    assert throughput_spec(case).parallelism.micro_batch_size == case["published"]["micro_batch"]
