@@ -45,6 +45,12 @@ estimate/activations.py LOSS_IMPLS) is ``published.loss`` where the source state
 ``published.loss_source``; otherwise Megatron-LM's vocab-parallel cross entropy, which Megatron-LM,
 Megatron-DeepSpeed, GPT-NeoX and metaseq's model-parallel OPT all call. torchtitan calls torch's cross entropy on
 an fp32 copy of the logits; llm-foundry's MPT flash-attn's fused xentropy (its ``loss_fn`` default).
+
+The fused attention kernel (:func:`case_attention`, the cost model's ``ModelShape.attention``: its measured rate by
+head dimension and sequence length, estimate/attention.py ATTENTION_IMPLS) is ``published.attention`` where the
+source's code names it, with the evidence in ``published.attention_source``: llm-foundry's MPT runs flash-attn 1.x's
+Triton kernel (``attn_impl: triton``), torchtitan PyTorch SDPA's FlashAttention-2. Otherwise the GPU's catalog
+figure: the Megatron-LM / NeMo runs on Transformer Engine, and the runs without fused attention (which do not read it).
 """
 from __future__ import annotations
 
@@ -353,7 +359,13 @@ def torchtitan_case(model: str, micro_batch: int, recompute: str, wps: float, mf
                       "precision": "bf16", "tokens_per_s_per_gpu": wps,
                       "tflops_per_gpu": round(mfu * 312, 1),   # its MFU (6N + 12 l h q t FLOPs) of 312 TFLOP/s
                       "engine": "megatron", "dropout": 0.0,
-                      "dropout_source": "torchtitan/models/llama/model.py at that commit has no dropout module"},
+                      "dropout_source": "torchtitan/models/llama/model.py at that commit has no dropout module",
+                      "attention": "fa2",
+                      "attention_source": "torchtitan/models/llama/model.py at that commit: "
+                                          "F.scaled_dot_product_attention(xq, xk, xv, is_causal=True) on bf16, head "
+                                          "dim 128, no mask (SDPA's flash backend); README: tested with "
+                                          "torch-2.4.0.dev20240412; PyTorch v2.2.0 release notes: SDPA 'now supports "
+                                          "FlashAttention-2'"},
         "notes": "PyTorch FSDP2 (parallelize_llama.py at that commit: fully_shard per transformer block, "
                  "reshard_after_forward except the last block, bf16 parameters, fp32 gradient reduction, "
                  "checkpoint_wrapper per block under full AC) modelled as Megatron FSDP at ZeRO-3, the orch engine "
@@ -406,7 +418,14 @@ def mpt_case(model: str, micro_batch: int, grad_accum: int, recompute: str, toke
                       "loss_source": "modeling_mpt.py ComposerMPTCausalLM at that commit: loss_fn defaults to "
                                      "fused_crossentropy, flash_attn.losses.cross_entropy.CrossEntropyLoss (setup.py: "
                                      "flash-attn v1.0.3.post0, xentropy-cuda-lib of flash-attention v0.2.8); neither "
-                                     "the model yamls nor submit_benchmarks.py set loss_fn"},
+                                     "the model yamls nor submit_benchmarks.py set loss_fn",
+                      "attention": "flash_attn_triton",
+                      "attention_source": "yamls/mpt/*.yaml and submit_benchmarks.py (--attn_impl default 'triton') "
+                                          "at that commit: attn_impl triton; llmfoundry/models/layers/attention.py "
+                                          "triton_flash_attn_fn calls flash_attn.flash_attn_triton.flash_attn_func "
+                                          "(setup.py: flash-attn v1.0.3.post0); head dim d_model / n_heads: 64 for "
+                                          "125m and 350m, 128 for the others ('Modified ... so that d_head == 128' "
+                                          "in 760m.yaml and 3b.yaml)"},
         "notes": "Composer's PyTorch FSDP (torch 1.13.1 image of submit_benchmarks.py; modeling_mpt.py fsdp_wrap_fn "
                  "and activation_checkpointing_fn: each MPTBlock, limit_all_gathers) modelled as Megatron FSDP at "
                  "ZeRO-3, the orch engine whose sharding matches (per-layer gathers, overlapped). PURE mixed "
@@ -522,6 +541,12 @@ def case_loss(case: dict) -> str:
     return str(case["published"].get("loss", "vocab_parallel"))
 
 
+def case_attention(case: dict) -> str:
+    """The fused attention kernel a case ran: ``published.attention`` where its source's code names it, else the
+    GPU's catalog figure (module doc)."""
+    return str(case["published"].get("attention", "catalog"))
+
+
 def case_recompute(case: dict) -> str:
     """The recompute mode of a case ("full (assumed, eq.3 convention)" reads as "full")."""
     return str(case["published"]["recompute"]).split()[0]
@@ -549,7 +574,7 @@ def published_estimate(case: dict, cost=None):
             spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
             est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case),
                          distribute_saved_activations=bool(case["published"].get("distribute_saved_activations")),
-                         dropout=case_dropout(case), loss=case_loss(case)).chosen
+                         dropout=case_dropout(case), loss=case_loss(case), attention=case_attention(case)).chosen
         except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
             last_error = e
             continue

@@ -30,6 +30,8 @@ overlap those runs never had (it chose sequence-parallel A100 layouts at ~60% MF
 and backward at head dim 128: FlashAttention-2 reaches 50-73% of A100 peak forward, less backward (Dao 2023,
 arXiv 2307.08691); on H100 FlashAttention-2 reaches ~35% and FlashAttention-3 / cuDNN up to 75% forward
 (Shah et al. 2024, arXiv 2407.08608), so Hopper-class parts take a middle value for the mix of stacks.
+It is the rate of the kernel orch's own runs plan with; a published run on a kernel with measured rates by head
+dimension and sequence length (catalog/attention.py: FlashAttention-2, flash-attn 1.x's Triton kernel) uses those.
 ``fp8_training``: FP8 tensor cores that Megatron-Core trains on through Transformer Engine's FP8 recipes
 (Hopper: H100, H200; Blackwell: B200). TE also runs FP8 on Ada (L40S), but orch plans FP8 for the
 training parts only.

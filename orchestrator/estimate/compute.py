@@ -17,8 +17,10 @@ Time = FLOPs / (peak x achievable efficiency), kernel by kernel:
   comes from a cited measurement or is a stated estimate (CostModel and the GPU catalog hold them).
 * **Attention core** without a fused kernel is two batched GEMMs per head (K = head dim for the scores)
   plus the softmax and its dropout over a*s^2 elements, which are memory-bound. A fused (flash) kernel
-  runs at the GPU's ``attention_efficiency`` of peak (catalog), skips the causally masked half, and its
-  backward costs 2.5x its forward (it recomputes the scores; Dao 2023, arXiv 2307.08691).
+  skips the causally masked half and its backward costs 2.5x its forward (it recomputes the scores; Dao 2023,
+  arXiv 2307.08691). It runs at the measured rate of its kernel (``ModelShape.attention``) by head dimension
+  and sequence length where one is listed (estimate/attention.py), else at the GPU's ``attention_efficiency``
+  of peak (catalog).
 * **Memory-bound kernels** (norms, bias+activation, bias+dropout+residual, RoPE, reshapes) cost their
   HBM bytes over the sustained bandwidth; without sequence parallelism every TP rank runs them on the
   full s*b*h tensor (Korthikanti et al. 2022, section 4.2.2), with it on 1/t of it.
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil, log, pi, sqrt
 
+from .attention import measured_attention_flops
 from .hardware import Hardware
 from .params import ModelShape
 
@@ -161,8 +164,11 @@ def _attention_times_s(shape: ModelShape, hw: Hardware, tp: int, mb: int) -> tup
     """(forward, backward, selective-recompute) time of the attention core on one TP rank."""
     s, d, heads = shape.seq_length, shape.head_dim, shape.num_attention_heads // tp
     if shape.flash_attention:
-        flops = 4.0 * mb * heads * s * s * d * causal_fraction(s)
-        fwd = flops / (hw.peak_flops * hw.attention_efficiency)
+        measured = measured_attention_flops(shape.attention, hw.name, d, s)
+        if measured is None:
+            fwd = 4.0 * mb * heads * s * s * d * causal_fraction(s) / (hw.peak_flops * hw.attention_efficiency)
+        else:   # the benchmark's causal FLOPs, half of 4 s^2 d per head (estimate/attention.py)
+            fwd = 2.0 * mb * heads * s * s * d / (measured * hw.sustained_clock_fraction)
         return fwd, FLASH_BWD_FACTOR * fwd, 0.0
     batch = mb * heads
     scores = matmul_time_s(s, s, d, hw, batch)         # Q K^T

@@ -32,7 +32,8 @@ class CostModel:
     matmul_efficiency: Optional[float] = None
     # Fraction of dense peak a fused (flash) attention kernel reaches, forward + backward. None: the
     # catalog's figure for the GPU (GpuSpec.attention_efficiency, from the FlashAttention-2/-3 papers)
-    # times its sustained-clock fraction.
+    # times its sustained-clock fraction. It is the rate of the "catalog" kernel (what orch's runs plan with);
+    # a kernel with measured rates (estimate/attention.py, published runs only) keeps those.
     attention_efficiency: Optional[float] = None
     # Fraction of datasheet HBM bandwidth that memory-bound kernels (norms, activations, dropout,
     # softmax, the optimizer step) sustain. Copy/elementwise kernels on A100/H100 reach ~80-90%

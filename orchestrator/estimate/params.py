@@ -65,6 +65,10 @@ class ModelShape:
     # trainer's torch cross entropy (step.py default_loss); a published run states its own (published.py
     # case_loss).
     loss: str = "vocab_parallel"
+    # The fused attention kernel (estimate/attention.py ATTENTION_IMPLS: its measured rate by head dimension and
+    # sequence length, or the GPU's catalog figure). orch's own runs: "catalog"; a published run states its own
+    # (published.py case_attention).
+    attention: str = "catalog"
 
     @property
     def head_dim(self) -> int:
