@@ -22,8 +22,11 @@ model that uses them:
   ``weighted_bias_quick_geglu_impl`` (what moe/experts.py TEGroupedMLP calls with ``activation_func_clamp_value``
   set; gpt-oss has no dense MLP) clamps the two halves of the fc1 output and concatenates them in eager
   PyTorch before its fused kernel: per element of the 2f-wide fc1 output, forward 2 e (the two clamps, each
-  over half) + 2 e (the cat); backward the two clamp gradients (read the gradient and the clamp input, write,
-  3 e over half each) and the chunk's cat (2 e): 5 e.
+  over half) + 2 e (the cat); backward the two clamp gradients and the chunk's cat (2 e). PyTorch's clamp
+  gradient (torch/csrc/autograd/FunctionsManual.cpp ``clamp_backward``, scalar bounds) is
+  ``where(self <= max, grad, 0)`` for the upper bound alone (a compare writing a 1-byte mask, then the where:
+  3 e + 2 bytes per element) and ``where((self >= min).logical_and_(self <= max), grad, 0)`` for both (4 e +
+  6 bytes), over half the elements each, after a zero scalar each: 5.5 e + 4 bytes, nine kernels.
 * **Biased experts** (``ModelShape.bias`` with MoE). moe/experts.py TEGroupedMLP builds fc2 with
   ``skip_bias_add=True`` and adds the bias weighted by the routing probability per local expert in Python
   (``_apply_bias``: ``t + b * p`` for each expert's rows, then ``torch.cat``; the probabilities have the
@@ -50,8 +53,9 @@ from dataclasses import dataclass
 ROPE_FUSED_E = (2, 2)           # e per element of Q and K, (forward, backward): TE's fused RoPE
 ROPE_UNFUSED_E = (12, 10)       # the unfused path (module doc)
 ROPE_UNFUSED_KERNELS = (12, 5)  # per call (Q or K); the fused path is one kernel each way
-GLU_CLAMP_E = (4, 5)            # per element of the 2f-wide fc1 output
-GLU_CLAMP_KERNELS = (3, 3)
+GLU_CLAMP_E = (4, 5.5)          # per element of the 2f-wide fc1 output
+GLU_CLAMP_MASK_BYTES = 4        # backward: the 1-byte masks of the clamp gradients, per element
+GLU_CLAMP_KERNELS = (3, 9)
 EXPERT_BIAS_E = (6, 8)          # per element of the h-wide fc2 output
 EXPERT_BIAS_KERNELS = (2, 4)    # per local expert; plus one cat each way
 NORM_E = 2                      # a norm's forward: read its input, write its output
@@ -82,7 +86,7 @@ def unfused_rope_work(q_k_elements: float, e: int) -> EagerWork:
 def glu_clamp_work(fc1_elements: float, e: int) -> EagerWork:
     """The clamp and cat before a fused gated activation over ``fc1_elements`` (rows x 2f)."""
     f, b = GLU_CLAMP_E
-    return EagerWork(f * e * fc1_elements, b * e * fc1_elements, *GLU_CLAMP_KERNELS)
+    return EagerWork(f * e * fc1_elements, (b * e + GLU_CLAMP_MASK_BYTES) * fc1_elements, *GLU_CLAMP_KERNELS)
 
 
 def expert_bias_work(fc2_elements: float, local_experts: int, e: int) -> EagerWork:
