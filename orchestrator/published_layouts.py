@@ -17,6 +17,17 @@ LlamaModelProvider, qwen_provider.py Qwen3MoEModelProvider, gpt_oss/gpt_oss_prov
 Framework Launcher llama/llama2_7b.yaml); NeMo's GPT-3 175B config and the GPT rows of Megatron-LM's README keep
 0.1, and say so.
 
+Model features a spec cannot state (``fused_rope``, ``glu_clamp``, ``recompute_modules``: the cost model's
+ModelShape fields of those names, estimate/eager_ops.py) are case keys, for gpt-oss-120b: its YaRN RoPE (factor 32,
+so an attention factor 1.35) runs unfused in Megatron-Core (``fused_rope`` false), its experts' activation clamps
+at 7.0 (``glu_clamp``; Megatron-Bridge: position_embedding_type yarn, yarn_rotary_scaling_factor 32, yarn_mscale
+None, activation_func_clamp_value 7.0, add_bias_linear, in gpt_oss_provider.py GPTOSSProvider at the 25.11 commit
+97ad8cc6f, in gpt_oss_bridge.py provider_bridge at v0.4.1 and 21d102f5e), and the H100 recipe recomputes
+``["layernorm", "moe_act"]`` (scripts/performance/configs/gpt_oss/workload_base_configs.py
+GPT_OSS_120B_H100_BF16_BASE_CONFIG at v0.2.0, gpt_oss_workload_base_configs.py
+GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V1 at v0.4.1 and 21d102f5e). Its biased experts need no key
+(``add_bias_linear`` in the case's model).
+
 Llama 3.1 405B (126 layers) on pp 8 with 8 virtual stages ran with Megatron's
 --account-for-embedding/loss-in-pipeline-split (128 "layers"): its spec sets
 parallelism.account_for_embedding_loss where that split exists for the published pp and virtual stages, and
@@ -33,6 +44,7 @@ from .spec import Spec, parse_spec
 from .stages import accounted_split, balanced_split
 
 GPUS_PER_NODE = 8
+SHAPE_FIELD_KEYS = ("fused_rope", "glu_clamp", "recompute_modules")
 
 
 def load_layout_cases(path: str | Path) -> list[dict]:
@@ -56,10 +68,21 @@ def layout_case_spec(case: dict, *, published_layout: bool = True) -> Spec:
 def predicted_layout(case: dict) -> dict:
     """The cost model's LAYOUT record for a case as its run was configured: the published layout, and
     without Megatron's EP all-to-all overlap where the case says its recipe ran without it
-    (``ep_a2a_overlap: false``, with the recipe in its source), with the case's FP8 scaling recipe."""
+    (``ep_a2a_overlap: false``, with the recipe in its source), with the case's FP8 scaling recipe and the model
+    features it states (:func:`layout_case_shape_fields`)."""
     from .planner import search  # noqa: PLC0415
     return search(layout_case_spec(case), top_k=1, ep_a2a_overlap=case.get("ep_a2a_overlap", True),
-                  fp8_recipe=case_fp8_recipe(case), dropout=layout_case_dropout(case)).chosen.to_dict()
+                  fp8_recipe=case_fp8_recipe(case), dropout=layout_case_dropout(case),
+                  shape_fields=layout_case_shape_fields(case)).chosen.to_dict()
+
+
+def layout_case_shape_fields(case: dict) -> dict:
+    """The model features a case's run had that a spec cannot state (ModelShape.fused_rope, glu_clamp,
+    recompute_modules; module doc), for the cost model's shape."""
+    fields = {key: case[key] for key in SHAPE_FIELD_KEYS if key in case}
+    if "recompute_modules" in fields:
+        fields["recompute_modules"] = tuple(fields["recompute_modules"])
+    return fields
 
 
 def layout_case_dropout(case: dict) -> float:

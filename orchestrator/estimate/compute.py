@@ -23,7 +23,8 @@ Time = FLOPs / (peak x achievable efficiency), kernel by kernel:
   of peak (catalog).
 * **Memory-bound kernels** (norms, bias+activation, bias+dropout+residual, RoPE, reshapes) cost their
   HBM bytes over the sustained bandwidth; without sequence parallelism every TP rank runs them on the
-  full s*b*h tensor (Korthikanti et al. 2022, section 4.2.2), with it on 1/t of it.
+  full s*b*h tensor (Korthikanti et al. 2022, section 4.2.2), with it on 1/t of it. RoPE is one fused kernel
+  each way unless the shape says Megatron-Core runs it unfused (``fused_rope``; estimate/eager_ops.py).
 * **Dropout** (``ModelShape.dropout`` > 0) writes a 1-byte mask in the forward and reads it in the backward
   (bias-dropout-add, fused), and in an unfused attention reads and writes the s^2 probabilities once more with
   their mask. Without dropout (p = 0, what orch trains with) PyTorch's dropout returns its input, no kernel
@@ -40,6 +41,7 @@ from functools import lru_cache
 from math import ceil, log, pi, sqrt
 
 from .attention import measured_attention_flops
+from .eager_ops import unfused_rope_work
 from .hardware import Hardware
 from .params import ModelShape
 
@@ -151,6 +153,7 @@ class MlpTimes:
     forward_s: float
     backward_s: float
     matmul_forward_s: float
+    recompute_s: float = 0.0   # its own recomputation under ModelShape.recompute_modules (estimate/moe.py)
 
 
 def dense_mlp_times(shape: ModelShape, hw: Hardware, tp: int, mb: int, gemm_hw: Hardware | None = None) -> MlpTimes:
@@ -216,9 +219,13 @@ def estimate_layer_time(shape: ModelShape, hw: Hardware, tp: int, mb: int, sp: b
     mlp = mlp or dense_mlp_times(shape, hw, tp, mb, gemm_hw)
     att_fwd, att_bwd, att_recompute = _attention_times_s(shape, hw, tp, mb)
     ew_fwd, ew_bwd = (b / hw.hbm_Bps for b in _memory_bound_bytes(shape, hw.dtype_bytes, tp, sp, mb))
+    if not (shape.fused_rope or shape.learned_positions):
+        rope_f, rope_b = unfused_rope_work(tokens * (shape.q_size + shape.kv_size) / tp,
+                                           hw.dtype_bytes).times_s(hw.hbm_Bps, hw.kernel_gap_s)
+        ew_fwd, ew_bwd = ew_fwd + rope_f, ew_bwd + rope_b
     fwd = mm_fwd + mlp.forward_s + att_fwd + ew_fwd + KERNELS_FWD * hw.kernel_gap_s
     bwd = mm_bwd + mlp.backward_s + att_bwd + ew_bwd + KERNELS_BWD * hw.kernel_gap_s
-    extra = {"none": 0.0, "selective": att_recompute, "full": fwd}[recompute]
+    extra = {"none": mlp.recompute_s, "selective": att_recompute + mlp.recompute_s, "full": fwd}[recompute]
     return LayerTimeEstimate(forward_s=fwd, backward_s=bwd, recompute_s=extra,
                              matmul_forward_s=mm_fwd + mlp.matmul_forward_s, attention_forward_s=att_fwd,
                              memory_bound_forward_s=ew_fwd)

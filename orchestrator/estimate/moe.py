@@ -22,9 +22,11 @@ expert ranks per group and the alltoall dispatcher:
   its pool of compute streams (:data:`GROUPED_GEMM_STREAMS`), so at most that many experts' GEMMs share the
   SMs at a time and each round pays its own tile and wave quantisation (:func:`_grouped_expert_times`);
 * the shared expert, if any, is a dense tensor-parallel MLP every token passes;
+* eager element-wise work of some models (estimate/eager_ops.py): a biased model's per-expert fc2 bias, a
+  clamped activation's clamp, and what Megatron's ``moe_act`` / ``layernorm`` recompute modules redo;
 * host launch floor: eager PyTorch launches every kernel from the host, and a MoE layer launches many
-  (router, dispatch, and per local expert its GEMMs and, in FP8, their casts). Dropless layers cannot run
-  from CUDA graphs and sync the host on the token counts, so a layer takes at least its host time
+  (router, dispatch, and per local expert its GEMMs, in FP8 their casts, with biases their bias ops). Dropless
+  layers cannot run from CUDA graphs and sync the host on the token counts, so a layer takes at least its host time
   (:func:`moe_host_s`), and the sync stops the host from running ahead: the experts' launches and the
   next layer's attention on the GPU follow each other (:func:`with_dispatch_sync`);
 * load imbalance: dropless routing lets the busiest rank receive more than the mean; every rank waits for
@@ -40,6 +42,7 @@ from functools import lru_cache
 from .comm import NCCL_BASE_US, NCCL_HOP_US, US, Placement, all_gather_s, group_placement
 from .compute import (KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, MlpTimes, activation_times_s, linear_times_s,
                       linears_time_s, matmul_time_s, mlp_linear_shapes)
+from .eager_ops import EXPERT_BIAS_KERNELS, expert_bias_work, glu_clamp_work, norm_forward_work
 from .hardware import Hardware
 from .params import ModelShape
 from .precision import FP8_RECIPE
@@ -131,9 +134,10 @@ def moe_mlp_times(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, et
     route_bytes = 4 * work.tokens * moe.num_experts * 4          # fp32 scores: softmax and top-k, r/w
     permute_bytes = 2 * 2 * e * work.tokens * moe.router_topk * h  # permute + unpermute, read + write
     expert_f, expert_b = _grouped_expert_times(shape, gemm, work, etp)
-    act_f, act_b = activation_times_s(shape, hw, work.routed_rows, moe.expert_ffn / etp)
-    fwd = router_f + expert_f + (route_bytes + permute_bytes) / hw.hbm_Bps + act_f
-    bwd = router_b + expert_b + (route_bytes + permute_bytes) / hw.hbm_Bps + act_b
+    act_f, act_b = _expert_activation_times_s(shape, hw, work, etp)
+    eager_f, eager_b = _expert_bias(shape, hw, work)
+    fwd = router_f + expert_f + (route_bytes + permute_bytes) / hw.hbm_Bps + act_f + eager_f
+    bwd = router_b + expert_b + (route_bytes + permute_bytes) / hw.hbm_Bps + act_b + eager_b
     fwd += (ROUTER_KERNELS + work.local_experts) * hw.kernel_gap_s
     bwd += (ROUTER_KERNELS + 2 * work.local_experts) * hw.kernel_gap_s
     mm = router_f + expert_f
@@ -141,7 +145,36 @@ def moe_mlp_times(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, et
         sf, sb, smm = linears_time_s(work.tokens * tp, mlp_linear_shapes(shape, moe.shared_ffn, tp), gemm)
         sa_f, sa_b = activation_times_s(shape, hw, work.tokens * tp, moe.shared_ffn / tp)
         fwd, bwd, mm = fwd + sf + sa_f, bwd + sb + sa_b, mm + smm
-    return MlpTimes(fwd, bwd, mm)
+    return MlpTimes(fwd, bwd, mm, recompute_s=_block_recompute_s(shape, hw, work, act_f))
+
+
+def _expert_activation_times_s(shape: ModelShape, hw: Hardware, work: ExpertWork, etp: int) -> tuple[float, float]:
+    """The experts' activation over the routed rows, with its eager clamp when the shape has one."""
+    width = shape.moe.expert_ffn / etp
+    act_f, act_b = activation_times_s(shape, hw, work.routed_rows, width)
+    if shape.glu_clamp is None:
+        return act_f, act_b
+    fc1_elements = work.routed_rows * width * (2 if shape.gated_mlp else 1)
+    clamp_f, clamp_b = glu_clamp_work(fc1_elements, hw.dtype_bytes).times_s(hw.hbm_Bps, hw.kernel_gap_s)
+    return act_f + clamp_f, act_b + clamp_b
+
+
+def _expert_bias(shape: ModelShape, hw: Hardware, work: ExpertWork) -> tuple[float, float]:
+    """TEGroupedMLP's per-expert fc2 bias of a biased model (estimate/eager_ops.py); nothing without biases."""
+    if not shape.bias:
+        return 0.0, 0.0
+    return expert_bias_work(work.routed_rows * shape.hidden_size, work.local_experts,
+                            hw.dtype_bytes).times_s(hw.hbm_Bps, hw.kernel_gap_s)
+
+
+def _block_recompute_s(shape: ModelShape, hw: Hardware, work: ExpertWork, activation_forward_s: float) -> float:
+    """What Megatron's recompute modules redo in the MoE block during the backward: the experts' activation
+    (``moe_act``) and the pre-MLP norm over the rank's tokens (``layernorm``; estimate/eager_ops.py)."""
+    redo = activation_forward_s if "moe_act" in shape.recompute_modules else 0.0
+    if "layernorm" in shape.recompute_modules:
+        norm = norm_forward_work(work.tokens * shape.hidden_size, hw.dtype_bytes)
+        redo += norm.times_s(hw.hbm_Bps, hw.kernel_gap_s)[0]
+    return redo
 
 
 def _grouped_expert_times(shape: ModelShape, hw: Hardware, work: ExpertWork, etp: int) -> tuple[float, float]:
@@ -198,6 +231,8 @@ def moe_block_host_s(shape: ModelShape, ep: int, fp8: bool, recipe: str = FP8_RE
     """Host launch time of the MoE block alone (router, dispatch, local experts), forward and backward."""
     local = shape.moe.num_experts // ep
     per_f, per_b = expert_host_ops(fp8, recipe)
+    if shape.bias:     # TEGroupedMLP's per-expert bias loop: one host operator per kernel (eager_ops.py)
+        per_f, per_b = per_f + EXPERT_BIAS_KERNELS[0], per_b + EXPERT_BIAS_KERNELS[1]
     fwd = ROUTER_KERNELS + DISPATCH_HOST_OPS + per_f * local
     bwd = 2 * (ROUTER_KERNELS + DISPATCH_HOST_OPS) + per_b * local
     return fwd * HOST_OP_S, bwd * HOST_OP_S

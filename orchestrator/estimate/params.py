@@ -69,6 +69,14 @@ class ModelShape:
     # sequence length, or the GPU's catalog figure). orch's own runs: "catalog"; a published run states its own
     # (published.py case_attention).
     attention: str = "catalog"
+    # Features Megatron-Core runs with extra eager kernels (estimate/eager_ops.py); orch's specs cannot state
+    # them, a published run does (published_layouts.py layout_case_shape_fields). ``fused_rope`` False: RoPE with
+    # a YaRN attention factor, which Megatron-Core applies unfused; ``glu_clamp``: the experts' gated activation
+    # clamps its inputs at this value first; ``recompute_modules``: Megatron's --recompute-modules beyond core
+    # attention ("layernorm", "moe_act"), recomputed on top of the layout's recompute unless that is full.
+    fused_rope: bool = True
+    glu_clamp: float | None = None
+    recompute_modules: tuple[str, ...] = ()
 
     @property
     def head_dim(self) -> int:

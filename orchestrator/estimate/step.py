@@ -73,18 +73,22 @@ class EstimateContext:
     def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None,
            ep_a2a_overlap: bool = True, fp8_recipe: str = FP8_RECIPE,
            distribute_saved_activations: bool = False, dropout: float = 0.0,
-           loss: str | None = None, attention: str = "catalog") -> "EstimateContext":
+           loss: str | None = None, attention: str = "catalog",
+           shape_fields: dict | None = None) -> "EstimateContext":
         """``dropout``: the hidden/attention dropout probability the run trains with (ModelShape.dropout); orch
         trains without (0), a published run states its own (published.py case_dropout). ``loss``: the cross
         entropy implementation (ModelShape.loss); None: what orch's engine trains with (:func:`default_loss`).
-        ``attention``: the fused attention kernel (ModelShape.attention); orch's runs: the catalog figure."""
+        ``attention``: the fused attention kernel (ModelShape.attention); orch's runs: the catalog figure.
+        ``shape_fields``: ModelShape fields a published run states that a spec cannot (fused_rope, glu_clamp,
+        recompute_modules; published_layouts.py layout_case_shape_fields)."""
         cost = cost or CostModel()
         c = spec.cluster
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
         shape = model_shape(spec)
         if dropout:
             shape = dataclasses.replace(shape, dropout=dropout)
-        shape = dataclasses.replace(shape, loss=loss or default_loss(engine_of(spec)), attention=attention)
+        shape = dataclasses.replace(shape, loss=loss or default_loss(engine_of(spec)), attention=attention,
+                                    **(shape_fields or {}))
         return cls(shape=shape, hw=hardware_for(spec, cost), cost=cost,
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
                    engine=engine_of(spec),
