@@ -11,9 +11,13 @@ forward + backward speed (A100 80GB SXM4)", with causal mask, head dimension 64 
 512 .. 16k at 16k tokens per batch (batch 32 .. 1) and hidden 2048 (32 or 16 heads); the same figure, with each
 bar's value printed on it, is assets/flash2_a100_fwd_bwd_benchmark.png of Dao-AILab/flash-attention, added by
 the FlashAttention-2 release commit 4f285b35 (2023-07-17). Its benchmark script (benchmarks/benchmark_causal.py
-at that commit) times "Flash" (flash-attn 1.x, CUDA) and "Flash2"; its "FlashAttention Triton" bars are OpenAI
-Triton's triton.ops.flash_attention (the ``attention_triton`` of that script), which is not flash-attn's
-Triton kernel, so they are not used.
+at that commit) times "Flash" (flash-attn 1.x, CUDA) and "Flash2". Which kernel the "FlashAttention Triton" bars
+ran is not certain: that script's (commented-out) "Triton" entry is OpenAI Triton's triton.ops.flash_attention
+(its ``attention_triton``), while the same script before the release (e.g. commit 4360cfc6) gave the label
+"FlashAttention Triton" to flash-attn's own flash_attn_triton.py. Those bars are not used; at 2k tokens (the
+sequence length of the MPT rows that use ``flash_attn_triton``) they lie within 3% of the FlashAttention bars
+that are (causal, head dim 64: 79 against 77 TFLOP/s; 128: 68 against 69), so either reading gives nearly the
+rate used there.
 
 Kernels (:data:`KERNEL_RATES` keys):
 
@@ -24,8 +28,8 @@ Kernels (:data:`KERNEL_RATES` keys):
   "tested with triton==2.0.0.dev20221202"), what llm-foundry's MPT runs as ``attn_impl: triton``. Its module
   docstring: "Triton forward is generally faster than CUDA forward, while Triton backward is generally slower
   than CUDA backward. Overall Triton forward + backward is slightly slower than CUDA forward + backward", the
-  CUDA version being flash-attn 1.x. No benchmark of that kernel was found; the figure's FlashAttention
-  (flash-attn 1.x CUDA) bars are used: an upper bound on its speed by its author's statement.
+  CUDA version being flash-attn 1.x. No benchmark known to be of that kernel was found (see above); the
+  figure's FlashAttention (flash-attn 1.x CUDA) bars are used: an upper bound on its speed by its author's statement.
 
 Only the A100 80GB is listed (the GPU measured). Other GPUs and kernels use the GPU's catalog figure
 (gpus.py ``attention_efficiency``).

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.estimate.attention import measured_attention_flops
+from orchestrator.catalog.attention import KERNEL_RATES
+from orchestrator.estimate.attention import ATTENTION_IMPLS, measured_attention_flops
 from orchestrator.estimate.compute import FLASH_BWD_FACTOR, causal_fraction, estimate_layer_time
 from orchestrator.estimate.cost import CostModel
 from orchestrator.estimate.hardware import hardware_for
@@ -34,6 +35,17 @@ def test_rates_are_the_figures_bars():
     assert measured_attention_flops("fa2", A100, 64, 2048) == 140e12
     assert measured_attention_flops("flash_attn_triton", A100, 128, 2048) == 69e12
     assert measured_attention_flops("flash_attn_triton", A100, 64, 16384) == 97e12
+
+
+def test_every_listed_series_can_be_interpolated():
+    """What measured_attention_flops assumes of the data: a known kernel, two head dimensions or more (it
+    interpolates between the smallest and the largest) and sequence lengths in ascending order (bisect)."""
+    for (impl, _gpu), series in KERNEL_RATES.items():
+        assert impl in ATTENTION_IMPLS and impl != "catalog"
+        assert len(series) >= 2
+        for points in series.values():
+            seqs = [s for s, _ in points]
+            assert seqs == sorted(set(seqs)) and all(rate > 0 for _, rate in points)
 
 
 def test_interpolation_in_log_seq_and_head_dim_and_held_outside():
