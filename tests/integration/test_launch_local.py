@@ -16,6 +16,7 @@ from tests.integration.train_support import job_env, make_run_dir
 pytestmark = pytest.mark.integration
 ORCH = str(Path(sys.executable).parent / "orch")
 STEPS = 6
+LONG_STEPS = 100_000
 
 
 def orch(*argv, env=None, timeout=300) -> subprocess.CompletedProcess:
@@ -26,6 +27,14 @@ def orch(*argv, env=None, timeout=300) -> subprocess.CompletedProcess:
 @pytest.fixture
 def run_dir(tmp_path) -> Path:
     return make_run_dir(tmp_path / "run", **{"training.train_iters": STEPS, "training.checkpoint.interval": 3})
+
+
+@pytest.fixture
+def long_run_dir(tmp_path) -> Path:
+    """A run far longer than any test waits: an interrupt or cancel always lands while it trains (with
+    STEPS steps a loaded machine could deliver the first progress line after the job had ended)."""
+    return make_run_dir(tmp_path / "long", **{"training.train_iters": LONG_STEPS,
+                                             "training.checkpoint.interval": LONG_STEPS})
 
 
 def _pids_of(run: Path) -> list[int]:
@@ -70,7 +79,8 @@ def test_failing_rank_fails_the_launch_with_its_rank_and_log(run_dir):
     assert not _pids_of(run_dir)
 
 
-def test_ctrl_c_stops_every_rank(run_dir):
+def test_ctrl_c_stops_every_rank(long_run_dir):
+    run_dir = long_run_dir
     proc = subprocess.Popen([ORCH, "launch", str(run_dir), "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=job_env(), start_new_session=True)
     first = proc.stdout.readline()  # the first progress line: training is under way
@@ -85,7 +95,8 @@ def test_ctrl_c_stops_every_rank(run_dir):
     assert not _pids_of(run_dir)
 
 
-def test_background_launch_then_status_and_cancel(run_dir):
+def test_background_launch_then_status_and_cancel(long_run_dir):
+    run_dir = long_run_dir
     started = orch("launch", run_dir)
     assert started.returncode == 0, started.stderr
     assert json.loads(orch("status", run_dir, "--json").stdout)["state"] == "RUNNING"
