@@ -27,6 +27,10 @@ None, activation_func_clamp_value 7.0, add_bias_linear, in gpt_oss_provider.py G
 GPT_OSS_120B_H100_BF16_BASE_CONFIG at v0.2.0, gpt_oss_workload_base_configs.py
 GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V1 at v0.4.1 and 21d102f5e). Its biased experts need no key
 (``add_bias_linear`` in the case's model).
+``router_force_balance`` (ModelShape field of that name, estimate/moe.py random_routing_imbalance) marks the
+dropless runs of NVIDIA's performance tables, which route on random logits (the Megatron-Bridge
+performance-summary page: its MoE runs are "dropless with force-balanced routing"; the recipes set
+moe_router_force_load_balancing True); the token-drop rows route on their trained router (capacity factor 1.0).
 
 Llama 3.1 405B (126 layers) on pp 8 with 8 virtual stages ran with Megatron's
 --account-for-embedding/loss-in-pipeline-split (128 "layers"): its spec sets
@@ -44,7 +48,7 @@ from .spec import Spec, parse_spec
 from .stages import accounted_split, balanced_split
 
 GPUS_PER_NODE = 8
-SHAPE_FIELD_KEYS = ("fused_rope", "glu_clamp", "recompute_modules")
+SHAPE_FIELD_KEYS = ("fused_rope", "glu_clamp", "recompute_modules", "router_force_balance")
 
 
 def load_layout_cases(path: str | Path) -> list[dict]:

@@ -31,17 +31,20 @@ expert ranks per group and the alltoall dispatcher:
   next layer's attention on the GPU follow each other (:func:`with_dispatch_sync`);
 * load imbalance: dropless routing lets the busiest rank receive more than the mean; every rank waits for
   it in the combine, so expert compute and all-to-all time scale by ``DROPLESS_IMBALANCE``, or by at most
-  the capacity factor when tokens beyond capacity are dropped.
+  the capacity factor when tokens beyond capacity are dropped. A benchmark run that forces balance
+  (Megatron's --moe-router-force-load-balancing, ``ModelShape.router_force_balance``) routes on random logits,
+  so its busiest rank exceeds the mean only by sampling noise (:func:`random_routing_imbalance`).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
+from math import sqrt
 
 from .comm import NCCL_BASE_US, NCCL_HOP_US, US, Placement, all_gather_s, group_placement
 from .compute import (KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, MlpTimes, activation_times_s, linear_times_s,
-                      linears_time_s, matmul_time_s, mlp_linear_shapes)
+                      linears_time_s, matmul_time_s, mlp_linear_shapes, straggler_factor)
 from .eager_ops import EXPERT_BIAS_KERNELS, expert_bias_work, glu_clamp_work, norm_forward_work
 from .hardware import Hardware
 from .params import ModelShape
@@ -51,7 +54,8 @@ from .precision import FP8_RECIPE
 # load-balancing loss, after the early phase of training. Our estimate (not a fitted value): Switch-style
 # balancing losses keep per-expert loads within ~10-20% of the mean (Fedus et al. 2021, section 2.2 and
 # figure 7; Megatron-Core MoE docs recommend the aux loss for this); a rank holds E/ep experts, which
-# averages part of the per-expert spread out. Published NVIDIA MoE benchmarks force balance (1.0).
+# averages part of the per-expert spread out. Runs that force balance (NVIDIA's MoE benchmarks) are left only
+# sampling noise: random_routing_imbalance.
 DROPLESS_IMBALANCE = 1.1
 ROUTER_KERNELS = 6
 # With --overlap-moe-expert-parallel-comm (Megatron-Core MoE docs, "EP A2A overlap"; orch emits it when
@@ -109,15 +113,39 @@ class ExpertWork:
     imbalance: float
 
 
-def load_imbalance(shape: ModelShape) -> float:
+def load_imbalance(shape: ModelShape, tokens: int, ep: int, etp: int) -> float:
+    """Max over mean of the routed rows an expert rank processes: the capacity factor bounds it where tokens
+    beyond capacity are dropped (padded to capacity: exactly it, at most 1.1); forced balance leaves sampling
+    noise; otherwise :data:`DROPLESS_IMBALANCE`."""
     cf = shape.moe.capacity_factor
-    return DROPLESS_IMBALANCE if cf is None else min(DROPLESS_IMBALANCE, max(1.0, cf))
+    if cf is not None:
+        return min(DROPLESS_IMBALANCE, max(1.0, cf))
+    if shape.router_force_balance:
+        return random_routing_imbalance(shape.moe.num_experts, shape.moe.router_topk, ep, tokens * ep * etp)
+    return DROPLESS_IMBALANCE
+
+
+def random_routing_imbalance(experts: int, topk: int, ep: int, group_tokens: int) -> float:
+    """Expected max over mean of the (token, expert) rows the ``ep`` ranks of an expert group receive when
+    each of ``group_tokens`` tokens picks ``topk`` distinct experts of ``experts`` uniformly at random, as
+    Megatron-Core's forced load balancing does: its router replaces the logits by i.i.d. normal draws
+    (moe_utils.py RandomSTE, router.py ``moe_router_force_load_balancing``, core_v0.16.1) before the top-k.
+    A rank holds ``experts / ep`` of them, so the count one token sends it is hypergeometric, with mean k/ep
+    and variance k (1/ep)(1 - 1/ep)(E - k)/(E - 1); summed over the tokens the rank loads are near normal, and
+    the busiest of ep is the mean plus E[max of ep standard normals] standard deviations
+    (:func:`~orchestrator.estimate.compute.straggler_factor`, the same extreme-value expression)."""
+    if ep <= 1 or experts <= topk or group_tokens <= 0:
+        return 1.0
+    share = 1.0 / ep
+    var_per_token = topk * share * (1 - share) * (experts - topk) / (experts - 1)
+    mean = group_tokens * topk * share
+    return straggler_factor(ep, sqrt(group_tokens * var_per_token) / mean)
 
 
 def expert_work(shape: ModelShape, tp: int, cp: int, ep: int, etp: int, mb: int) -> ExpertWork:
     moe = shape.moe
     tokens = shape.seq_length * mb // (cp * tp)
-    imbalance = load_imbalance(shape)
+    imbalance = load_imbalance(shape, tokens, ep, etp)
     rows = tokens * moe.router_topk * etp * imbalance
     return ExpertWork(tokens=tokens, routed_rows=rows, local_experts=moe.num_experts // ep, imbalance=imbalance)
 

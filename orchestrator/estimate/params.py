@@ -77,6 +77,10 @@ class ModelShape:
     fused_rope: bool = True
     glu_clamp: float | None = None
     recompute_modules: tuple[str, ...] = ()
+    # A benchmark run that forced balanced routing (Megatron's --moe-router-force-load-balancing: random router
+    # logits), which a published run states (estimate/moe.py random_routing_imbalance); orch's runs train their
+    # router.
+    router_force_balance: bool = False
 
     @property
     def head_dim(self) -> int:
