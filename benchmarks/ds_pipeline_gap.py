@@ -6,9 +6,9 @@ in units of the predicted pipeline fill and drain (printed only; nothing is fitt
 For each published DeepSpeed pipeline run of :data:`orchestrator.published.EXTRA_CASES` it prints the published
 step (the stated iteration time, or the one its per-GPU throughput implies with benchmarks/accuracy.py's FLOP
 count: ``published.published_step_s``, which counts GPT-NeoX's and GLM-130B's FLOPs as their sources do), the
-predicted step, the gap, and the gap over the predicted fill and drain (``breakdown.bubble_s``). For runs of one model at several
-micro-batch counts (MT-NLG: 240, 192, 160) it fits gap = a x m + b: a per-micro-batch cost would show as a, a
-per-step cost as b.
+predicted step, the gap, and the gap over the predicted fill and drain (``breakdown.bubble_s``). For runs of one
+model at several micro-batch counts (MT-NLG: 240, 192, 160) it fits gap = a x m + b: a per-micro-batch cost would
+show as a, a per-step cost as b.
 """
 from __future__ import annotations
 
