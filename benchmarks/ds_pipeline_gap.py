@@ -5,9 +5,10 @@ in units of the predicted pipeline fill and drain (printed only; nothing is fitt
 
 For each published DeepSpeed pipeline run of :data:`orchestrator.published.EXTRA_CASES` it prints the published
 step (the stated iteration time, or the one its per-GPU throughput implies with benchmarks/accuracy.py's FLOP
-count), the predicted step, the gap, and the gap over the predicted fill and drain (``breakdown.bubble_s``). For runs of one model at several
-micro-batch counts (MT-NLG: 240, 192, 160) it fits gap = a x m + b: a per-micro-batch cost would show as a, a
-per-step cost as b.
+count: ``published.published_step_s``, which counts GPT-NeoX's and GLM-130B's FLOPs as their sources do), the
+predicted step, the gap, and the gap over the predicted fill and drain (``breakdown.bubble_s``). For runs of one
+model at several micro-batch counts (MT-NLG: 240, 192, 160) it fits gap = a x m + b: a per-micro-batch cost would
+show as a, a per-step cost as b.
 """
 from __future__ import annotations
 
@@ -19,19 +20,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.published import EXTRA_CASES, published_estimate  # noqa: E402
+from orchestrator.published import EXTRA_CASES, published_estimate, published_step_s  # noqa: E402
 
 
 def gap_rows() -> list[dict]:
     rows = []
     for case in EXTRA_CASES:
-        pub, gpus = case["published"], case["cluster"]["gpus"]
+        pub = case["published"]
         if pub.get("engine") != "deepspeed" or pub["pp"] <= 1:
             continue
         est = published_estimate(case)
-        hardware = est.flops.hardware_flops / (est.step_time_s * gpus) / 1e12
         # the stated iteration time where the paper gives one, else the one its TFLOP/s imply
-        published_step = pub.get("iteration_s") or est.step_time_s * hardware / pub["tflops_per_gpu"]
+        published_step = pub.get("iteration_s") or published_step_s(case)
         rows.append({"id": case["id"], "model": (case["model"]["layers"], case["model"]["hidden"]),
                      "m": est.num_microbatches, "predicted": est.step_time_s, "published": published_step,
                      "gap": published_step - est.step_time_s, "bubble": est.breakdown.bubble_s})

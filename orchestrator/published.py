@@ -103,7 +103,12 @@ BLOOM_176B = {
                       "inherited' (--attention-dropout 0.1, --hidden-dropout 0.1); tr11-176B-ml.slurm sets neither")},
     "notes": "Megatron-DeepSpeed; ALiBi positions (modelled as learned: s*h parameters, no FLOPs); the 70 "
              "layers on 12 stages are not even: the embedding and the tied output layer each count as one "
-             "layer in its partition (5 + 10 x 6 + 5)",
+             "layer in its partition (5 + 10 x 6 + 5). Not modelled: the launch script's CUDA_LAUNCH_BLOCKING=1 "
+             "(tr11-176B-ml.slurm, the workaround for hangs at 40+ nodes), which BigScience measured at no cost "
+             "at this scale (train/tr11-176B-ml/chronicles-prequel.md: 84.59 vs 84.44 and 90.29 vs 90.25 TFLOP/s "
+             "on 160 GPUs, blocking vs not; README: 'a tiny impact or no impact at all'); the config's "
+             "wall_clock_breakdown is false and --deepspeed-activation-checkpointing sets no partition, "
+             "contiguous-memory or synchronize flag",
 }
 
 
@@ -215,8 +220,10 @@ NEOX_20B = {
     "notes": "DeepSpeed pipeline engine (DeeperSpeed) with Megatron tensor parallelism. The 117 TFLOP/s count "
              "6N + 60shl FLOPs per token (GPT-NeoX's get_flops), not eq. 3: 43.85 s per step. Not modelled: the "
              "parallel attention + MLP residual (gpt_j_residual: one tensor-parallel all-reduce per layer and "
-             "pass instead of two) and synchronize-each-layer (a device synchronize around each checkpointed "
-             "layer); the config's partition-activations is false, as the memory model assumes",
+             "pass instead of two) and synchronize-each-layer (deepspeed.checkpointing synchronizes the device at the "
+             "start and end of each checkpointed layer's forward and backward, v0.3.15 checkpointing.py: two "
+             "relaunch gaps per layer and micro-batch, 11 x 2 x 35 on the critical path, 0.2-0.5% of the step "
+             "at an assumed 0.1-0.3 ms each); the config's partition-activations is false, as the memory model assumes",
     "verification": "layout, batch, precision, ZeRO stage and model from the official 20B.yml at the release commit "
                     "(read in the EleutherAI/gpt-neox git history); 117 TFLOP/s and tp 2 / pp 4 from a public "
                     "section-by-section transcription of the ACL paper (section 3); checked against the paper's "

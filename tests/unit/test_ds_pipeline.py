@@ -187,3 +187,23 @@ def test_gradients_go_whole_between_stages_before_deepspeed_0_5_4():
     old = estimate(EstimateContext.of(spec, engine_version="0.5.3"), LAYOUT)
     new = estimate(EstimateContext.of(spec, engine_version="0.5.4"), LAYOUT)
     assert old.comm.pp_exposed_s > new.comm.pp_exposed_s and old.step_time_s > new.step_time_s
+
+
+def test_pipeline_gap_benchmark_takes_the_accuracy_tables_published_step():
+    """benchmarks/ds_pipeline_gap.py measures each run's gap from the step benchmarks/accuracy.py compares with: the
+    stated iteration time, else published_step_s, which counts GPT-NeoX's and GLM-130B's FLOPs their own way (a
+    hardware-FLOP step would put GLM-130B's gap at 39 s instead of 10 s)."""
+    import importlib.util
+    from pathlib import Path
+
+    from orchestrator.published import EXTRA_CASES, published_step_s
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "ds_pipeline_gap.py"
+    spec = importlib.util.spec_from_file_location("ds_pipeline_gap", path)
+    gap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gap)
+    rows = {r["id"]: r for r in gap.gap_rows()}
+    cases = {c["id"]: c for c in EXTRA_CASES}
+    for name in ("neox_20b", "glm_130b", "bloom_176b"):
+        assert rows[name]["published"] == pytest.approx(published_step_s(cases[name]))
+    assert rows["mtnlg_530b_280nodes"]["published"] == cases["mtnlg_530b_280nodes"]["published"]["iteration_s"]
