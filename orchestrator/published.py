@@ -51,6 +51,17 @@ head dimension and sequence length, estimate/attention.py ATTENTION_IMPLS) is ``
 source's code names it, with the evidence in ``published.attention_source``: llm-foundry's MPT runs flash-attn 1.x's
 Triton kernel (``attn_impl: triton``), torchtitan PyTorch SDPA's FlashAttention-2. Otherwise the GPU's catalog
 figure: the Megatron-LM / NeMo runs on Transformer Engine, and the runs without fused attention (which do not read it).
+
+Layer code in eager PyTorch (:func:`case_shape_fields`, the cost model's ``ModelShape.layer_impl`` and
+``eager_norm``, estimate/eager_ops.py) is ``published.layer_impl`` / ``published.eager_norm`` where the run's model
+code is read, with the evidence in ``published.layer_impl_source``: torchtitan's Llama layer, with its eager RMSNorm
+where the train config's ``norm_type`` is "rmsnorm" (the 70B rows), the Triton ``fused_rmsnorm`` otherwise (Llama 2
+13B; the table's local batches and 1D FSDP differ from those configs' batch_size and tensor_parallel_degree, so
+its runs overrode some fields: norm_type is taken as configured). Every other case runs the fused kernels orch
+charges. llm-foundry's MPT states none: its layer (torch 1.13,
+LPLayerNorm as one native layer_norm kernel, views of the fused QKV output fed to the Triton flash kernel) moves
+no more than orch charges; the one extra pass, native layer_norm's separate gamma/beta backward kernel (2 e per
+element), is outweighed by the QKV and context copies it does not make.
 """
 from __future__ import annotations
 
@@ -349,6 +360,11 @@ TORCHTITAN_MODELS = {
 }
 
 
+# train_configs/<model>.toml [model] norm_type at commit 1ea476e9f (the same since c7d586592, before the table's
+# first version 395a52627): "rmsnorm" is norms.py's eager RMSNorm, "fused_rmsnorm" its Triton kernel
+TORCHTITAN_NORM_TYPE = {"llama3_70b": "rmsnorm", "llama2_70b": "rmsnorm", "llama2_13b": "fused_rmsnorm"}
+
+
 def torchtitan_case(model: str, micro_batch: int, recompute: str, wps: float, mfu: float) -> dict:
     """A row of torchtitan's 'performance numbers' (docs/performance.md at commit 1ea476e9f, 2024-04-24): FSDP2 on
     64 A100 (80GB), local batch ``micro_batch`` (global 64 x it), ``wps`` tokens per second per GPU."""
@@ -372,7 +388,13 @@ def torchtitan_case(model: str, micro_batch: int, recompute: str, wps: float, mf
                                           "F.scaled_dot_product_attention(xq, xk, xv, is_causal=True) on bf16, head "
                                           "dim 128, no mask (SDPA's flash backend); README: tested with "
                                           "torch-2.4.0.dev20240412; PyTorch v2.2.0 release notes: SDPA 'now supports "
-                                          "FlashAttention-2'"},
+                                          "FlashAttention-2'",
+                      "layer_impl": "torchtitan_llama", "eager_norm": TORCHTITAN_NORM_TYPE[model] == "rmsnorm",
+                      "layer_impl_source": "torchtitan/models/llama/model.py and models/norms.py at that commit, run "
+                                           "eagerly (train_configs: compile = false; FSDP2 bf16 parameters): RoPE as "
+                                           "an fp32 complex multiply, silu(w1 x) * w3 x, separate wq/wk/wv and w1/w3, "
+                                           f"repeat_kv for GQA; train_configs/{model}.toml norm_type "
+                                           f"{TORCHTITAN_NORM_TYPE[model]!r}"},
         "notes": "PyTorch FSDP2 (parallelize_llama.py at that commit: fully_shard per transformer block, "
                  "reshard_after_forward except the last block, bf16 parameters, fp32 gradient reduction, "
                  "checkpoint_wrapper per block under full AC) modelled as Megatron FSDP at ZeRO-3, the orch engine "
@@ -554,6 +576,12 @@ def case_attention(case: dict) -> str:
     return str(case["published"].get("attention", "catalog"))
 
 
+def case_shape_fields(case: dict) -> dict:
+    """The eager layer code a case's run had (``published.layer_impl``, ``published.eager_norm``; module doc), as
+    ModelShape fields; none for a run on the fused kernels orch charges."""
+    return {key: case["published"][key] for key in ("layer_impl", "eager_norm") if key in case["published"]}
+
+
 def case_recompute(case: dict) -> str:
     """The recompute mode of a case ("full (assumed, eq.3 convention)" reads as "full")."""
     return str(case["published"]["recompute"]).split()[0]
@@ -581,7 +609,8 @@ def published_estimate(case: dict, cost=None):
             spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
             est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case),
                          distribute_saved_activations=bool(case["published"].get("distribute_saved_activations")),
-                         dropout=case_dropout(case), loss=case_loss(case), attention=case_attention(case)).chosen
+                         dropout=case_dropout(case), loss=case_loss(case), attention=case_attention(case),
+                         shape_fields=case_shape_fields(case)).chosen
         except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
             last_error = e
             continue

@@ -24,7 +24,9 @@ Time = FLOPs / (peak x achievable efficiency), kernel by kernel:
 * **Memory-bound kernels** (norms, bias+activation, bias+dropout+residual, RoPE, reshapes) cost their
   HBM bytes over the sustained bandwidth; without sequence parallelism every TP rank runs them on the
   full s*b*h tensor (Korthikanti et al. 2022, section 4.2.2), with it on 1/t of it. RoPE is one fused kernel
-  each way unless the shape says Megatron-Core runs it unfused (``fused_rope``; estimate/eager_ops.py).
+  each way unless the shape says Megatron-Core runs it unfused (``fused_rope``; estimate/eager_ops.py). A layer
+  written in eager PyTorch (``layer_impl``, ``eager_norm``: torchtitan's Llama) adds what its unfused kernels move
+  beyond these charges (estimate/eager_ops.py :func:`~.eager_ops.torchtitan_llama_work`).
 * **Dropout** (``ModelShape.dropout`` > 0) writes a 1-byte mask in the forward and reads it in the backward
   (bias-dropout-add, fused), and in an unfused attention reads and writes the s^2 probabilities once more with
   their mask. Without dropout (p = 0, what orch trains with) PyTorch's dropout returns its input, no kernel
@@ -41,7 +43,7 @@ from functools import lru_cache
 from math import ceil, log, pi, sqrt
 
 from .attention import measured_attention_flops
-from .eager_ops import unfused_rope_work
+from .eager_ops import EagerWork, eager_rmsnorm_work, torchtitan_llama_work, unfused_rope_work
 from .hardware import Hardware
 from .params import ModelShape
 
@@ -207,6 +209,22 @@ def _memory_bound_bytes(shape: ModelShape, e: int, tp: int, sp: bool, mb: int) -
     return fwd, bwd
 
 
+def _eager_work(shape: ModelShape, e: int, tp: int, sp: bool, mb: int) -> EagerWork:
+    """What the layer's eager kernels add over the charges above (estimate/eager_ops.py): Megatron-Core's unfused
+    RoPE, torchtitan's Llama layer and its eager norms; nothing for orch's own Megatron-Core layer."""
+    tokens = shape.seq_length * mb
+    work = EagerWork()
+    if not (shape.fused_rope or shape.learned_positions):
+        work += unfused_rope_work(tokens * (shape.q_size + shape.kv_size) / tp, e)
+    if shape.layer_impl == "torchtitan_llama":
+        work += torchtitan_llama_work(tokens, shape.hidden_size, shape.q_size / tp, shape.kv_size / tp,
+                                      shape.ffn_hidden_size / tp, e)
+    if shape.eager_norm:                        # the pre-attention and the pre-MLP norm
+        norm = eager_rmsnorm_work(tokens * shape.hidden_size / (tp if sp else 1), e)
+        work += norm + norm
+    return work
+
+
 @lru_cache(maxsize=65536)
 def estimate_layer_time(shape: ModelShape, hw: Hardware, tp: int, mb: int, sp: bool, recompute: str,
                         gemm_hw: Hardware | None = None, mlp: MlpTimes | None = None) -> LayerTimeEstimate:
@@ -219,10 +237,8 @@ def estimate_layer_time(shape: ModelShape, hw: Hardware, tp: int, mb: int, sp: b
     mlp = mlp or dense_mlp_times(shape, hw, tp, mb, gemm_hw)
     att_fwd, att_bwd, att_recompute = _attention_times_s(shape, hw, tp, mb)
     ew_fwd, ew_bwd = (b / hw.hbm_Bps for b in _memory_bound_bytes(shape, hw.dtype_bytes, tp, sp, mb))
-    if not (shape.fused_rope or shape.learned_positions):
-        rope_f, rope_b = unfused_rope_work(tokens * (shape.q_size + shape.kv_size) / tp,
-                                           hw.dtype_bytes).times_s(hw.hbm_Bps, hw.kernel_gap_s)
-        ew_fwd, ew_bwd = ew_fwd + rope_f, ew_bwd + rope_b
+    eager_f, eager_b = _eager_work(shape, hw.dtype_bytes, tp, sp, mb).times_s(hw.hbm_Bps, hw.kernel_gap_s)
+    ew_fwd, ew_bwd = ew_fwd + eager_f, ew_bwd + eager_b
     fwd = mm_fwd + mlp.forward_s + att_fwd + ew_fwd + KERNELS_FWD * hw.kernel_gap_s
     bwd = mm_bwd + mlp.backward_s + att_bwd + ew_bwd + KERNELS_BWD * hw.kernel_gap_s
     extra = {"none": mlp.recompute_s, "selective": att_recompute + mlp.recompute_s, "full": fwd}[recompute]

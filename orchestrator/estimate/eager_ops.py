@@ -1,4 +1,5 @@
-"""Element-wise work Megatron-Core runs as separate eager PyTorch kernels where it has no fused one.
+"""Element-wise work run as separate eager PyTorch kernels where estimate/compute.py charges fused ones: Megatron-Core's
+own fallbacks (gpt-oss) and model code written in eager PyTorch (torchtitan's Llama).
 
 Each function returns :class:`EagerWork`: the HBM bytes and the kernels, forward and backward, that a feature
 adds to one layer for one micro-batch on one rank, counted from the Megatron-Core code the Megatron-Bridge 25.11
@@ -42,9 +43,44 @@ model that uses them:
   is fused into the QKV linear in the TE spec, an IdentityOp that is not recomputed), one norm forward
   (read and write, 2 e per element of the s x h input).
 
+PyTorch-eager model code that is not Megatron-Core's (``ModelShape.layer_impl``, ``ModelShape.eager_norm``): the
+layer of torchtitan's Llama at commit 1ea476e9f (torchtitan/models/llama/model.py, norms.py; its
+docs/performance.md rows ran FSDP2 with ``compile = false`` in every train config, so nothing is fused), counted
+per element against what estimate/compute.py charges a Megatron-Core layer (:func:`torchtitan_llama_work`; FP32 = 4
+bytes for its fp32 intermediates). Backward formulas from PyTorch's tools/autograd/derivatives.yaml (mul.Tensor,
+pow.Tensor_Scalar, rsqrt, mean.dim, _to_copy, expand, silu) and FunctionsManual.cpp (``pow_backward``: ``grad *
+(2 * self.pow(1))``, where ``pow`` with exponent 1 is a copy, Pow.cpp); an input used twice gets its gradients
+summed (read two, write one).
+
+* **Eager RMSNorm** (``eager_norm``; norms.py ``RMSNorm``, the ``norm_type = "rmsnorm"`` of the 70B train
+  configs; ``fused_rmsnorm``, a Triton kernel reading x and writing y once, is what orch already charges).
+  Forward ``x.float()`` (e + FP32), ``pow(2)`` (2 FP32), ``mean`` (FP32), ``+ eps`` and ``rsqrt`` (per row),
+  ``x * r`` (2 FP32), ``type_as`` (FP32 + e), ``* weight`` (2 e): 4 e + 7 FP32 in eight kernels against the fused
+  2 e in one. Backward: ``* weight`` (2 e for x, 3 e and the 1 e reduction for the weight), ``type_as`` (e +
+  FP32), ``x * r`` (2 FP32 for x, 3 FP32 and the 1 FP32 reduction for r), ``mean`` (the expanded quotient,
+  FP32), ``pow`` (the copy 2 FP32, ``2 *`` 2 FP32, ``grad *`` 3 FP32), the sum of x's two gradients (3 FP32),
+  ``x.float()`` (FP32 + e): 8 e + 19 FP32 in sixteen kernels (three of them per row, rsqrt's) against 3 e in one.
+* **RoPE as an fp32 complex multiply** (``apply_rotary_emb``), per element of Q and K: ``float()`` (e + FP32),
+  the complex product with ``freqs_cis`` (2 FP32), ``type_as`` (FP32 + e), three kernels; its backward mirrors
+  it (``_to_copy``, ``grad * freqs.conj()``, ``_to_copy``): 2 e + 4 FP32 each way against the fused 2 e.
+* **SwiGLU as ``silu(w1 x) * w3 x``**, per element of the f-wide activation: forward ``silu`` (2 e) and the
+  product (3 e), two kernels against the fused 3 e; backward the two products' gradients (3 e each) and
+  ``silu_backward`` (3 e), three kernels against the fused 5 e.
+* **Separate projections and no reshape copies.** ``wq``, ``wk``, ``wv`` and ``w1``, ``w3`` are separate linears
+  of the same normed input: their data gradients are summed (three sums of 3 e per element of s x h, none
+  forward), where Megatron-Core's fused QKV and fc1 need none; Q, K, V are contiguous outputs viewed as heads and
+  SDPA's flash output ``transpose(1, 2).contiguous()`` is already contiguous (aten's flash path returns the
+  (b, s, h, d) buffer transposed), so the QKV and context copies orch charges (2 e per element each way) are not
+  made. Grouped-query attention's ``repeat_kv`` (``expand`` then ``reshape``) copies K and V to all heads
+  (e (kv + q) each, forward) and sums them back (``expand``'s backward, the same bytes). The two copies not made
+  take a kernel each way off, the sums and ``repeat_kv`` add theirs. The three Q/K/V GEMMs and the two fc1 GEMMs
+  are timed as Megatron-Core's fused ones (the same FLOPs), and the model's final norm, once per step, is left at
+  the fused charge (head_time_s).
+
 Time only: the activation memory model (estimate/activations.py) neither adds what the clamp's autograd keeps
 (the unclamped fc1 output) nor drops what the recompute modules discard (the norm's output, what the activation
-saves and its output), so such a run's activation bytes are approximate.
+saves and its output), so such a run's activation bytes are approximate; nor, for torchtitan's layer, what its eager
+SwiGLU (the silu output) and eager RMSNorm (the fp32 input) keep beyond the fused kernels.
 """
 from __future__ import annotations
 
@@ -59,6 +95,15 @@ GLU_CLAMP_KERNELS = (3, 9)
 EXPERT_BIAS_E = (6, 8)          # per element of the h-wide fc2 output
 EXPERT_BIAS_KERNELS = (2, 4)    # per local expert; plus one cat each way
 NORM_E = 2                      # a norm's forward: read its input, write its output
+FP32 = 4
+# torchtitan's Llama layer (module doc), beyond what estimate/compute.py charges; (e, FP32) multiples per element
+EAGER_RMSNORM_EXTRA = ((2, 7), (5, 19))         # (forward, backward), per element of a norm's s x h input
+EAGER_RMSNORM_EXTRA_KERNELS = (7, 15)
+COMPLEX_ROPE_EXTRA_FP32 = 4                     # per element of Q and K, each way
+COMPLEX_ROPE_EXTRA_KERNELS = 2                  # per call (Q or K), each way
+EAGER_SWIGLU_EXTRA_E = (2, 4)                   # per element of the f-wide activation
+EAGER_SWIGLU_EXTRA_KERNELS = (1, 2)
+PROJECTION_GRAD_SUMS = 3                        # wq/wk/wv: two sums, w1/w3: one; 3 e each per element of s x h
 
 
 @dataclass(frozen=True)
@@ -69,6 +114,10 @@ class EagerWork:
     backward_bytes: float = 0.0
     forward_kernels: int = 0
     backward_kernels: int = 0
+
+    def __add__(self, other: "EagerWork") -> "EagerWork":
+        return EagerWork(self.forward_bytes + other.forward_bytes, self.backward_bytes + other.backward_bytes,
+                         self.forward_kernels + other.forward_kernels, self.backward_kernels + other.backward_kernels)
 
     def times_s(self, hbm_Bps: float, kernel_gap_s: float) -> tuple[float, float]:
         """(forward, backward) seconds: the bytes at the sustained bandwidth, plus each kernel's gap."""
@@ -100,3 +149,29 @@ def expert_bias_work(fc2_elements: float, local_experts: int, e: int) -> EagerWo
 def norm_forward_work(elements: float, e: int) -> EagerWork:
     """One norm's forward over ``elements`` (a recomputed norm)."""
     return EagerWork(forward_bytes=NORM_E * e * elements, forward_kernels=1)
+
+
+def eager_rmsnorm_work(elements: float, e: int) -> EagerWork:
+    """What torchtitan's eager RMSNorm adds over a fused norm for an input of ``elements`` (module doc)."""
+    ((fe, ff), (be, bf)), (kf, kb) = EAGER_RMSNORM_EXTRA, EAGER_RMSNORM_EXTRA_KERNELS
+    return EagerWork((fe * e + ff * FP32) * elements, (be * e + bf * FP32) * elements, kf, kb)
+
+
+def torchtitan_llama_work(tokens: float, hidden: int, q_width: float, kv_width: float, ffn_width: float,
+                          e: int) -> EagerWork:
+    """What torchtitan's Llama layer (model.py at 1ea476e9f, its norms aside) adds over a Megatron-Core layer for
+    ``tokens`` rows on one rank: complex RoPE, eager SwiGLU, the summed gradients of its separate projections, its
+    GQA ``repeat_kv`` copies, less the QKV and context copies it does not make (module doc). ``q_width``,
+    ``kv_width`` (Q; K or V) and ``ffn_width`` (the activation) are per rank; ``hidden``, the projections' input,
+    is whole on every tensor-parallel rank. Bytes may come out negative where the copies saved outweigh the rest."""
+    rope = COMPLEX_ROPE_EXTRA_FP32 * FP32 * tokens * (q_width + kv_width)
+    (sf, sb), (skf, skb) = EAGER_SWIGLU_EXTRA_E, EAGER_SWIGLU_EXTRA_KERNELS
+    act = tokens * ffn_width
+    copies_saved = 2 * e * tokens * ((q_width + 2 * kv_width) + q_width)
+    grad_sums = PROJECTION_GRAD_SUMS * 3 * e * tokens * hidden
+    gqa = kv_width < q_width
+    repeat_kv = 2 * e * tokens * (q_width + kv_width) if gqa else 0.0
+    rope_k = 2 * COMPLEX_ROPE_EXTRA_KERNELS
+    return EagerWork(rope + sf * e * act - copies_saved + repeat_kv,
+                     rope + sb * e * act + grad_sums - copies_saved + repeat_kv,
+                     rope_k + skf - 2 + 2 * gqa, rope_k + skb + PROJECTION_GRAD_SUMS - 2 + 2 * gqa)

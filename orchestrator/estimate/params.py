@@ -81,6 +81,12 @@ class ModelShape:
     # logits), which a published run states (estimate/moe.py random_routing_imbalance); orch's runs train their
     # router.
     router_force_balance: bool = False
+    # Layer code in eager PyTorch instead of Megatron-Core's fused kernels (estimate/eager_ops.py); orch's specs
+    # cannot state it, a published run does (published.py case_shape_fields). ``layer_impl`` "torchtitan_llama":
+    # torchtitan's Llama layer (complex RoPE, silu * mul, separate projections); ``eager_norm``: its norms are
+    # torchtitan's eager RMSNorm (norm_type "rmsnorm") rather than a fused kernel.
+    layer_impl: str = "megatron_core"
+    eager_norm: bool = False
 
     @property
     def head_dim(self) -> int:

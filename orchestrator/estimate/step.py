@@ -80,7 +80,8 @@ class EstimateContext:
         entropy implementation (ModelShape.loss); None: what orch's engine trains with (:func:`default_loss`).
         ``attention``: the fused attention kernel (ModelShape.attention); orch's runs: the catalog figure.
         ``shape_fields``: ModelShape fields a published run states that a spec cannot (fused_rope, glu_clamp,
-        recompute_modules; published_layouts.py layout_case_shape_fields)."""
+        recompute_modules, layer_impl, eager_norm; published_layouts.py layout_case_shape_fields, published.py
+        case_shape_fields)."""
         cost = cost or CostModel()
         c = spec.cluster
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
