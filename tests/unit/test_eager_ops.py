@@ -96,7 +96,9 @@ def test_recompute_modules_redo_the_expert_activation_and_the_pre_mlp_norm():
 
 
 def test_only_the_gpt_oss_rows_state_the_features_and_they_slow_the_prediction():
-    stated = {cid: layout_case_shape_fields(c) for cid, c in CASES.items() if layout_case_shape_fields(c)}
+    eager = ("fused_rope", "glu_clamp", "recompute_modules")      # router_force_balance is estimate/moe.py's
+    stated = {cid: {k: v for k, v in layout_case_shape_fields(c).items() if k in eager} for cid, c in CASES.items()}
+    stated = {cid: f for cid, f in stated.items() if f}
     assert sorted(stated) == ["mbridge2511_gpt_oss_120b_bf16", "mbridge2602_gpt_oss_120b_bf16",
                               "mbridge260401_gpt_oss_120b_bf16"]
     assert all(f == {"fused_rope": False, "glu_clamp": 7.0, "recompute_modules": ("layernorm", "moe_act")}
