@@ -30,7 +30,9 @@ GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V1 at v0.4.1 and 21d102f5e). Its biased e
 ``router_force_balance`` (ModelShape field of that name, estimate/moe.py random_routing_imbalance) marks the
 dropless runs of NVIDIA's performance tables, which route on random logits (the Megatron-Bridge
 performance-summary page: its MoE runs are "dropless with force-balanced routing"; the recipes set
-moe_router_force_load_balancing True); the token-drop rows route on their trained router (capacity factor 1.0).
+moe_router_force_load_balancing True); the token-drop rows route on their trained router (capacity factor 1.0), and
+so do the dropless Mixtral rows of Megatron-Core's MoE README and its benchmarking configs (Megatron-MoE-ModelZoo)
+that do not pass --moe-router-force-load-balancing (their sources say "not force-balanced").
 
 Llama 3.1 405B (126 layers) on pp 8 with 8 virtual stages ran with Megatron's
 --account-for-embedding/loss-in-pipeline-split (128 "layers"): its spec sets
