@@ -5,7 +5,7 @@ published runs (BLOOM-176B, MT-NLG 530B on 280/350/420 nodes, the 530B ZeRO-3 ro
 OPT-175B, Megatron-LM's GPT-3 175B example, GLM-130B, torchtitan's FSDP2 Llama rows, llm-foundry's 64-GPU MPT
 rows) and the MoE / context-parallel / FP8 H100 runs. Each ran, so each must fit the device's capacity in the
 planner's memory model (MemoryEstimate.fits); the planner's headroom is a policy for choosing, which a published run
-may cross (search warns then).
+may cross (llm-foundry's MPT-1b without checkpointing does; search warns then).
 """
 from __future__ import annotations
 
