@@ -13,7 +13,11 @@ parallel when tp > 1; recompute none /
 selective / full (selective is the same as none with flash attention, so it is skipped there); ZeRO 0-3
 (0-1 with pp > 1, 0 when dp = 1); offload none / optimizer (ZeRO >= 1) / optimizer+params (ZeRO-3), only
 with pp = 1 and never on gpu cpu (the host is the device: offload cannot pay off). A layout fits when its
-busiest GPU needs at most (1 - CostModel.hbm_headroom) of HBM and what it offloads fits its share of host memory (cluster.host_memory_GiB / gpus_per_node).
+busiest GPU needs at most the device's capacity (HBM less what the driver keeps) and what it offloads fits its
+share of host memory (cluster.host_memory_GiB / gpus_per_node); it is within the headroom when the GPU needs at
+most (1 - CostModel.hbm_headroom) of HBM. The headroom is a safety policy for choosing, not a limit: the planner
+ranks the layouts within it, and only when there are none the fastest that fit the capacity, with a warning
+(allocator pressure, OOM risk, what would help). NoFitError when nothing fits the capacity.
 Ranking: predicted step time, ties broken by memory. Every enumerated layout also passes
 :func:`orchestrator.layout.check_layout`.
 
@@ -47,7 +51,7 @@ MAX_NODE_FACTOR = 64
 
 
 class NoFitError(SpecError):
-    """No layout fits in GPU memory (exit code 2); the problems say what is closest and what would help."""
+    """No layout fits the GPU's memory capacity (exit code 2); the problems say what is closest and what would help."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class SearchResult:
     chosen: LayoutEstimate
     candidates: list[LayoutEstimate]          # best first; candidates[0] is chosen
     num_considered: int                       # complete layouts estimated
-    num_fitting: int
+    num_fitting: int                          # within the headroom; when none is, within the capacity
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)   # also in reasons (orch plan --json: on stderr)
 
@@ -69,9 +73,10 @@ class SearchResult:
 class _Scored:
     step_time_s: float
     total_bytes: float
-    fits: bool
+    fits: bool               # within the device's capacity (MemoryEstimate.fits)
+    within_headroom: bool    # within the planner's headroom policy (MemoryEstimate.within_headroom)
     layout: Layout
-    overflow: float          # worst of GPU bytes / usable HBM and host bytes / host capacity (fits: <= 1)
+    overflow: float          # worst of GPU bytes / capacity and host bytes / host capacity (fits: <= 1)
 
 
 def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
@@ -79,7 +84,8 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
            fp8_recipe: str = FP8_RECIPE, distribute_saved_activations: bool = False,
            dropout: float = 0.0, loss: str | None = None, attention: str = "catalog",
            shape_fields: dict | None = None) -> SearchResult:
-    """Rank the layouts of ``spec`` that fit; NoFitError when none does. ``engine_version``: the DeepSpeed
+    """Rank the layouts of ``spec`` within the headroom, else (with a warning) those within the capacity;
+    NoFitError when none fits the capacity. ``engine_version``: the DeepSpeed
     release a published run used (EstimateContext.engine_version); None: the one orch writes for.
     ``ep_a2a_overlap``: False for a published run without Megatron's EP all-to-all overlap; ``fp8_recipe``: the
     FP8 scaling recipe a published run used (default: the one orch writes); ``distribute_saved_activations``:
@@ -97,16 +103,42 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
         raise SpecError(Problem("parallelism", "no layout satisfies the rules with the fixed fields "
                                 f"({_fixed_fields(spec)}) on {spec.world_size} GPUs{example}",
                                 "leave more parallelism fields open, or change the cluster size"))
-    fitting = sorted((s for s in scored if s.fits), key=lambda s: (s.step_time_s, s.total_bytes))
+    fitting = _fastest_first(s for s in scored if s.within_headroom) or _fastest_first(s for s in scored if s.fits)
     if not fitting:
         raise _no_fit(spec, ctx, scored)
     ranked = [estimate(ctx, s.layout) for s in fitting[:max(1, top_k)]]
     best_overall = min(scored, key=lambda s: (s.step_time_s, s.total_bytes))
-    warnings = plausibility(ctx, ranked[0])
+    warnings = headroom_warning(spec, ctx, ranked[0]) + plausibility(ctx, ranked[0])
     reasons = (explain(ctx, ranked, best_overall, len(scored), len(fitting)) + fp8_hint(spec, cost, ranked[0])
                + warnings)
     return SearchResult(chosen=ranked[0], candidates=ranked, num_considered=len(scored),
                         num_fitting=len(fitting), reasons=reasons, warnings=warnings)
+
+
+def _fastest_first(scored) -> list[_Scored]:
+    return sorted(scored, key=lambda s: (s.step_time_s, s.total_bytes))
+
+
+def headroom_warning(spec: Spec, ctx: EstimateContext, chosen: LayoutEstimate) -> list[str]:
+    """A warning when the chosen layout is inside the headroom (no layout stays out of it): how close it runs
+    to the device's capacity and what would give the margin back."""
+    mem = chosen.memory
+    if mem.within_headroom:
+        return []
+    return [f"memory: inside the {ctx.cost.hbm_headroom:.0%} headroom: {_gib(mem.total_bytes)} of "
+            f"{_gib(mem.capacity_bytes)} the GPU can hold ({_gib(mem.usable_bytes)} within the headroom) on the "
+            f"{mem.stage} pipeline stage, and no layout stays within it; expect allocator pressure / OOM risk; "
+            f"{_margin_hints(spec, ctx, chosen.layout)}."]
+
+
+def _margin_hints(spec: Spec, ctx: EstimateContext, lay: Layout) -> str:
+    hints = [f"{FIELD_PATHS['recompute']}: full"] if lay.recompute != "full" else []
+    if lay.micro_batch_size > 1:
+        hints.append(f"a smaller {FIELD_PATHS['micro_batch_size']} (now {lay.micro_batch_size})")
+    nodes = _nodes_to_fit(spec, ctx, within_headroom=True)
+    hints.append(f"more GPUs: {nodes} nodes x {spec.cluster.gpus_per_node} stay within the headroom" if nodes
+                 else "more GPUs")
+    return "try: " + "; ".join(hints)
 
 
 def plausibility(ctx: EstimateContext, chosen: LayoutEstimate) -> list[str]:
@@ -126,7 +158,7 @@ def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list
     if rule_fp8_engine_gpu(fp8, chosen.layout) or rule_fp8_dims(fp8, chosen.layout):
         return []
     est = estimate(EstimateContext.of(fp8, cost), chosen.layout)
-    if not est.fits or est.step_time_s >= chosen.step_time_s:
+    if not est.memory.within_headroom or est.step_time_s >= chosen.step_time_s:
         return []
     return [f"fp8: training.precision: fp8 would run this layout {chosen.step_time_s / est.step_time_s - 1:.0%} "
             f"faster ({est.step_time_s:.3g} s/step, Transformer Engine FP8 GEMMs) and still fit "
@@ -135,8 +167,8 @@ def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list
 
 def _score(ctx: EstimateContext, lay: Layout) -> _Scored:
     mem = estimate_memory(ctx, lay)
-    overflow = max(mem.total_bytes / mem.usable_bytes, mem.host_bytes / mem.host_capacity_bytes)
-    return _Scored(step_timing(ctx, lay).step_time_s, mem.total_bytes, mem.fits, lay, overflow)
+    overflow = max(mem.total_bytes / mem.capacity_bytes, mem.host_bytes / mem.host_capacity_bytes)
+    return _Scored(step_timing(ctx, lay).step_time_s, mem.total_bytes, mem.fits, mem.within_headroom, lay, overflow)
 
 
 # --- enumeration ----------------------------------------------------------------------------------
@@ -364,9 +396,11 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
                      + (f" and needs {_gib(ranked[1].memory.total_bytes)}." if gap < 0.001 else "."))
     mem = top.memory
     host = f"; {_gib(mem.host_bytes)} offloaded to host memory" if mem.host_bytes else ""
-    lines.append(f"memory: {_gib(mem.total_bytes)} of {_gib(mem.usable_bytes)} usable on the {mem.stage} "
+    room = (f"{_gib(mem.usable_bytes)} usable" if mem.within_headroom
+            else f"{_gib(mem.capacity_bytes)} capacity ({_gib(mem.usable_bytes)} within the headroom)")
+    lines.append(f"memory: {_gib(mem.total_bytes)} of {room} on the {mem.stage} "
                  f"pipeline stage ({memory_breakdown(mem)}){host}.")
-    if best_overall.step_time_s < top.step_time_s * 0.999 and not best_overall.fits:
+    if best_overall.step_time_s < top.step_time_s * 0.999 and not best_overall.within_headroom:
         lines.append(f"limited by memory: {best_overall.layout.tag()} (recompute={best_overall.layout.recompute}) "
                      f"would be {top.step_time_s / best_overall.step_time_s - 1:.1%} faster but needs "
                      f"{_gib(best_overall.total_bytes)}.")
@@ -418,8 +452,9 @@ def _no_fit(spec: Spec, ctx: EstimateContext, scored: list[_Scored]) -> NoFitErr
     closest = min(scored, key=lambda s: (s.overflow, s.step_time_s))
     est = estimate(ctx, closest.layout)
     mem = est.memory
-    limit = (f"{_gib(mem.usable_bytes)} per GPU ({spec.cluster.gpu}: {_gib(mem.hbm_bytes)} HBM less "
-             f"{ctx.cost.hbm_headroom:.0%} headroom; {_gib(mem.host_capacity_bytes)} host memory per GPU for offload)")
+    limit = (f"the {_gib(mem.capacity_bytes)} capacity per GPU ({spec.cluster.gpu}: {_gib(mem.hbm_bytes)} HBM less "
+             f"what the driver keeps; the planner's {ctx.cost.hbm_headroom:.0%} headroom would leave "
+             f"{_gib(mem.usable_bytes)}; {_gib(mem.host_capacity_bytes)} host memory per GPU for offload)")
     needs = f"needs {_gib(mem.total_bytes)} on the {mem.stage} pipeline stage: {memory_breakdown(mem)}"
     if layout_from_spec(spec).is_complete:
         message = f"the layout fixed in the spec, {describe(est)}, does not fit in {limit}: it {needs}"
@@ -452,17 +487,19 @@ def _open_spec(spec: Spec, num_nodes: int | None = None) -> Spec:
     return dataclasses.replace(spec, parallelism=ParallelismSpec(), cluster=cluster)
 
 
-def _fits_with(spec: Spec, ctx: EstimateContext, *, open_all: bool) -> bool:
+def _fits_with(spec: Spec, ctx: EstimateContext, *, open_all: bool, within_headroom: bool = False) -> bool:
     probe = _open_spec(spec) if open_all else spec
-    return any(estimate_memory(ctx, lay).fits for lay in enumerate_layouts(probe))
+    rule = "within_headroom" if within_headroom else "fits"
+    return any(getattr(estimate_memory(ctx, lay), rule) for lay in enumerate_layouts(probe))
 
 
-def _nodes_to_fit(spec: Spec, ctx: EstimateContext) -> int | None:
-    """Smallest node count (doubling, global batch kept) at which some layout fits in memory."""
+def _nodes_to_fit(spec: Spec, ctx: EstimateContext, *, within_headroom: bool = False) -> int | None:
+    """Smallest node count (doubling, global batch kept) at which some layout fits in memory (``within_headroom``:
+    stays within the planner's headroom)."""
     factor = 2
     while factor <= MAX_NODE_FACTOR:
         nodes = spec.cluster.num_nodes * factor
-        if _fits_with(_open_spec(spec, nodes), ctx, open_all=False):
+        if _fits_with(_open_spec(spec, nodes), ctx, open_all=False, within_headroom=within_headroom):
             return nodes
         factor *= 2
     return None

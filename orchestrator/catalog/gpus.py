@@ -48,6 +48,12 @@ from dataclasses import dataclass
 TFLOPS = 1e12
 GiB = 2**30
 MiB = 2**20
+# Device memory the CUDA driver keeps from the processes: PyTorch's out-of-memory report gives the device total
+# as cudaMemGetInfo returns it, "a total capacity of 79.18 GiB" on an 80 GB part (the report cited for
+# CostModel.fragmentation, vllm-project/compressed-tensors PR #587): 1 - 79.18/80 = 1.03%. A100-40GB reports read
+# "39.59 GiB total capacity", the same fraction. Charged against the catalog's HBM figure; where that is already
+# nvidia-smi's smaller total (H100's 81559 MiB) it errs by ~0.35 GiB on the safe side.
+DRIVER_RESERVED_FRACTION = 1 - 79.18 / 80
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class GpuSpec:
     attention_efficiency: float = 0.45        # fused attention, forward + backward, fraction of peak
     tp_comm_overlap: bool = False             # Transformer Engine userbuffers can overlap TP comm with GEMMs
     runtime_bytes: int | None = None          # framework runtime per process; None: the cost model's CUDA context
+    driver_reserved_fraction: float = DRIVER_RESERVED_FRACTION   # of hbm_bytes, never allocatable (above)
     fp8_training: bool = False                # FP8 training through Transformer Engine (Hopper or newer)
     # Elements per second of the tanh-GELU kernel (forward; backward alike) where it is bound by its
     # arithmetic, not by memory: on a CPU core the tanh costs more than the bytes. None: memory-bound (GPUs).
@@ -165,7 +172,7 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             "174-175 for the tiny-gpt's training GEMM shapes (forward, data and weight gradient) at 06:24. "
             "GeLU (tanh) is bound by its arithmetic here, not by memory: 0.60/0.61 G elements/s forward and "
             "0.53/0.56 backward (benchmarks/cpu_kernels.py, 2 runs, 06:24 UTC; 0.57: their mean, 0.575, to two digits), ~4x its bytes at 19.5 GB/s; SiLU "
-            "runs 2.5-2.6 G elements/s, at its bytes",
+            "runs 2.5-2.6 G elements/s, at its bytes. No device driver keeps any of the 'HBM' share",
             matmul_efficiency=1.0, num_sms=1, sustained_clock_fraction=0.91, gelu_elems_per_s=0.57e9,
-            attention_efficiency=0.25, runtime_bytes=400 * MiB),
+            attention_efficiency=0.25, runtime_bytes=400 * MiB, driver_reserved_fraction=0.0),
 ]}

@@ -151,9 +151,11 @@ class CostModel:
     # issue #1185), and ZeRO (Rajbhandari et al. 2020, section 6.3) saw OOM with 30% of memory free in
     # extreme cases of interleaved short- and long-lived activations.
     fragmentation: float = 0.10
-    # Planner policy: a layout fits when total_bytes <= (1 - hbm_headroom) * HBM. Of the 5% (4 GiB on an
-    # 80 GiB part) ~0.8 GiB is not there at all: PyTorch reports "a total capacity of 79.18 GiB" on an
-    # 80 GB GPU (the OOM report above); the rest is margin for what the terms here do not count.
+    # Planner policy, not a physical limit: the planner prefers layouts whose total_bytes <= (1 - hbm_headroom)
+    # * HBM (MemoryEstimate.within_headroom) and falls back, with a warning, to those within the device's
+    # capacity (MemoryEstimate.fits). Of the 5% (4 GiB on an 80 GiB part) ~0.8 GiB is not there at all:
+    # PyTorch reports "a total capacity of 79.18 GiB" on an 80 GB GPU (the OOM report above;
+    # catalog.gpus.DRIVER_RESERVED_FRACTION); the rest is margin for what the terms here do not count.
     hbm_headroom: float = 0.05
     # Host memory for offload is the spec's cluster.host_memory_GiB (per node), not a cost-model term.
 

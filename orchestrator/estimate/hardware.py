@@ -34,6 +34,7 @@ class Hardware:
     num_sms: int
     sustained_clock_fraction: float  # sustained / datasheet clock (catalog): scales measured kernel rates
     hbm_bytes: int
+    capacity_bytes: int        # hbm_bytes less what the driver keeps (catalog driver_reserved_fraction)
     hbm_Bps: float             # sustained memory bandwidth of memory-bound kernels
     intra_Bps: float           # all-reduce bus bandwidth inside a node
     inter_Bps: float           # bandwidth one GPU gets across nodes
@@ -69,6 +70,7 @@ def hardware_for(spec: Spec, cost: CostModel) -> Hardware:
         attention_efficiency=_override(cost.attention_efficiency,
                                        gpu.attention_efficiency * gpu.sustained_clock_fraction),
         num_sms=gpu.num_sms, sustained_clock_fraction=gpu.sustained_clock_fraction, hbm_bytes=gpu.hbm_bytes,
+        capacity_bytes=int(gpu.hbm_bytes * (1 - gpu.driver_reserved_fraction)),
         hbm_Bps=gpu.hbm_bandwidth_GBps * GB * cost.hbm_efficiency, intra_Bps=intra * GB, inter_Bps=inter * GB,
         host_Bps=gpu.host_link_GBps * GB, gpus_per_node=c.gpus_per_node, num_nodes=c.num_nodes,
         dtype_bytes=DTYPE_BYTES[spec.training.precision], kernel_gap_s=cost.kernel_gap_s,

@@ -17,6 +17,10 @@ charges what its implementation allocates: full 16-bit parameters and gradients 
 Overheads are explicit terms of :class:`~orchestrator.estimate.cost.CostModel`: CUDA context and
 libraries, NCCL buffers per communicator, data-parallel gradient buckets, ZeRO-3 live parameters, and
 allocator fragmentation as a fraction of activations.
+
+A layout fits when the busiest GPU's total is within the device's capacity (HBM less what the driver keeps) and
+what it offloads within its share of host memory; ``within_headroom`` is the planner's stricter policy
+(``usable_bytes``: HBM less CostModel.hbm_headroom), which it prefers (planner.py).
 """
 from __future__ import annotations
 
@@ -124,7 +128,8 @@ class MemoryEstimate:
     activations_bytes: float
     other_bytes: float
     hbm_bytes: int
-    usable_bytes: float          # hbm_bytes less the planner's headroom
+    usable_bytes: float          # hbm_bytes less the planner's headroom (CostModel.hbm_headroom): the policy
+    capacity_bytes: float        # hbm_bytes less what the driver keeps (catalog.gpus.DRIVER_RESERVED_FRACTION)
     host_bytes: float = 0.0
     host_capacity_bytes: float = float("inf")   # host memory this GPU's process may use for offload
     stage: str = "first"         # the busiest pipeline stage: "first", "last" or "middle" (stage 1, pp > 2)
@@ -138,14 +143,20 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool:
+        """Physically: the busiest GPU's bytes within the device's capacity, the offloaded ones within the host's."""
+        return self.total_bytes <= self.capacity_bytes and self.host_bytes <= self.host_capacity_bytes
+
+    @property
+    def within_headroom(self) -> bool:
+        """Within the planner's safety policy: at most ``usable_bytes``, the margin for what the terms miss."""
         return self.total_bytes <= self.usable_bytes and self.host_bytes <= self.host_capacity_bytes
 
     def to_dict(self) -> dict:
         d = {k: int(round(getattr(self, k))) for k in (
             "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
-            "total_bytes", "hbm_bytes", "usable_bytes", "host_bytes")}
+            "total_bytes", "hbm_bytes", "usable_bytes", "capacity_bytes", "host_bytes")}
         d["host_capacity_bytes"] = int(min(self.host_capacity_bytes, 2**62))
-        d.update(fits=self.fits, stage=self.stage)
+        d.update(fits=self.fits, within_headroom=self.within_headroom, stage=self.stage)
         if self.overheads is not None:
             d["other"] = {k: int(round(v)) for k, v in vars(self.overheads).items()}
         if self.stage_totals:
@@ -154,13 +165,14 @@ class MemoryEstimate:
 
 
 def stage_memory(states: ModelStatesEstimate, activations: float, overheads: OverheadEstimate, *,
-                 hbm_bytes: int, headroom: float, stage: str, host_capacity_bytes: float = float("inf")
-                 ) -> MemoryEstimate:
+                 hbm_bytes: int, capacity_bytes: int, headroom: float, stage: str,
+                 host_capacity_bytes: float = float("inf")) -> MemoryEstimate:
     """Assemble one stage's MemoryEstimate from its parts."""
     return MemoryEstimate(params_bytes=states.params_bytes, grads_bytes=states.grads_bytes,
                           optimizer_bytes=states.optimizer_bytes, activations_bytes=activations,
                           other_bytes=overheads.total_bytes, hbm_bytes=hbm_bytes,
-                          usable_bytes=hbm_bytes * (1 - headroom), host_bytes=states.host_bytes,
+                          usable_bytes=hbm_bytes * (1 - headroom), capacity_bytes=capacity_bytes,
+                          host_bytes=states.host_bytes,
                           host_capacity_bytes=host_capacity_bytes, stage=stage, overheads=overheads)
 
 

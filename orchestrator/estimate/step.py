@@ -247,8 +247,8 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
                                   local_grad_bytes=psi * hw.dtype_bytes,
                                   largest_layer_params=zero3_gather_unit(ctx, lay, params), activations_bytes=act,
                                   dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes)
-        stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, headroom=cost.hbm_headroom,
-                                   stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
+        stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, capacity_bytes=hw.capacity_bytes,
+                                   headroom=cost.hbm_headroom, stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
     busiest = busiest_stage(*stages)
     return with_stage_totals(busiest, stages) if stage_totals else busiest
 

@@ -73,7 +73,7 @@ def _ctx(**par):
     return EstimateContext.of(spec)
 
 
-def test_memory_breakdown_adds_up_and_fits_uses_headroom():
+def test_memory_breakdown_adds_up_and_fits_uses_capacity():
     ctx = _ctx()
     lay = Layout(tp=2, pp=4, vpp=1, dp=8, zero_stage=1, micro_batch_size=1, sequence_parallel=True,
                  recompute="selective", offload="none")
@@ -81,11 +81,13 @@ def test_memory_breakdown_adds_up_and_fits_uses_headroom():
     parts = mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes + mem.activations_bytes + mem.other_bytes
     assert mem.total_bytes == pytest.approx(parts)
     assert mem.usable_bytes == pytest.approx(mem.hbm_bytes * (1 - ctx.cost.hbm_headroom))
-    assert mem.fits == (mem.total_bytes <= mem.usable_bytes)
+    assert mem.fits == (mem.total_bytes <= mem.capacity_bytes)
+    assert mem.within_headroom == (mem.total_bytes <= mem.usable_bytes)
     assert mem.stage == "first"          # 1F1B: the first stage holds p micro-batches
     d = mem.to_dict()
     for key in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
-                "total_bytes", "hbm_bytes", "fits", "host_bytes"):
+                "total_bytes", "hbm_bytes", "usable_bytes", "capacity_bytes", "fits", "within_headroom",
+                "host_bytes"):
         assert key in d
 
 

@@ -68,13 +68,12 @@ def test_published_cases_state_their_loss():
 
 @pytest.mark.parametrize("model", ["3b", "760m", "350m"])
 def test_mpt_rows_without_checkpointing_fit_with_their_loss(model):
-    """llm-foundry's no-checkpointing rows fit with flash-attn's xentropy; with Megatron's fp32 softmax the
-    3b row (micro-batch 12) would not."""
+    """llm-foundry's no-checkpointing rows fit within the planner's headroom with flash-attn's xentropy; with
+    Megatron's fp32 softmax the 3b row (micro-batch 12) would leave it (76.5 GiB of 76.0)."""
     case = next(c for c in MPT_FSDP if c["id"] == f"llmfoundry_mpt_{model}_fsdp_64gpu")
     assert case["published"]["recompute"] == "none"
-    assert published_estimate(case).memory.fits
+    assert published_estimate(case).memory.within_headroom
     if model == "3b":
-        from orchestrator.errors import SpecError
-        with pytest.raises(SpecError, match="fits"):
-            published_estimate({**case, "published": {**case["published"], "loss": "vocab_parallel"}})
+        fp32_softmax = published_estimate({**case, "published": {**case["published"], "loss": "vocab_parallel"}})
+        assert not fp32_softmax.memory.within_headroom
     assert throughput_spec(case).parallelism.micro_batch_size == case["published"]["micro_batch"]
