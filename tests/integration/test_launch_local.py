@@ -87,8 +87,8 @@ def test_ctrl_c_stops_every_rank(long_run_dir):
     assert first.startswith("step "), first + proc.stderr.read()
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()
-    code = proc.wait(timeout=60)
-    assert code == 130 and time.monotonic() - start < 45
+    code = proc.wait(timeout=150)     # a 100,000-step run: only the interrupt ends it this soon
+    assert code == 130 and time.monotonic() - start < 120
     deadline = time.monotonic() + 10
     while _pids_of(run_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
