@@ -1,6 +1,7 @@
 """`orch launch` with the local backend: the real torchrun, the real trainer, on this machine."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -30,11 +32,23 @@ def run_dir(tmp_path) -> Path:
 
 
 @pytest.fixture
-def long_run_dir(tmp_path) -> Path:
+def long_run_dir(tmp_path) -> Iterator[Path]:
     """A run far longer than any test waits: an interrupt or cancel always lands while it trains (with
-    STEPS steps a loaded machine could deliver the first progress line after the job had ended)."""
-    return make_run_dir(tmp_path / "long", **{"training.train_iters": LONG_STEPS,
-                                             "training.checkpoint.interval": LONG_STEPS})
+    STEPS steps a loaded machine could deliver the first progress line after the job had ended). Whatever
+    the test's outcome, nothing of it is left training afterwards."""
+    run = make_run_dir(tmp_path / "long", **{"training.train_iters": LONG_STEPS,
+                                            "training.checkpoint.interval": LONG_STEPS})
+    yield run
+    for pid in _pids_of(run):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _default_sigint() -> None:
+    """In the child: SIGINT as a shell in a terminal leaves it. A process started in the background by a
+    non-interactive shell (``nohup make test &``) inherits SIGINT ignored, and an ignored signal stays
+    ignored across exec, so orch launch would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _pids_of(run: Path) -> list[int]:
@@ -82,7 +96,7 @@ def test_failing_rank_fails_the_launch_with_its_rank_and_log(run_dir):
 def test_ctrl_c_stops_every_rank(long_run_dir):
     run_dir = long_run_dir
     proc = subprocess.Popen([ORCH, "launch", str(run_dir), "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=job_env(), start_new_session=True)
+                            text=True, env=job_env(), start_new_session=True, preexec_fn=_default_sigint)
     first = proc.stdout.readline()  # the first progress line: training is under way
     assert first.startswith("step "), first + proc.stderr.read()
     proc.send_signal(signal.SIGINT)
