@@ -35,7 +35,7 @@ from orchestrator.estimate.flops import narayanan_flops  # noqa: E402
 from orchestrator.planner import search  # noqa: E402
 from orchestrator.estimate.uncertainty import REGIMES  # noqa: E402
 from orchestrator.plan import build_plan  # noqa: E402
-from orchestrator.published import (EXTRA_CASES, case_attention, case_dropout, case_loss, case_regime,  # noqa: E402
+from orchestrator.published import (EXTRA_CASES, case_dropout, case_loss, case_regime, case_shape_fields,  # noqa: E402
                                     load_cases, published_estimate, published_step_s, throughput_spec)
 from orchestrator.spec import parse_spec  # noqa: E402
 from orchestrator.stages import stage_split  # noqa: E402
@@ -65,7 +65,7 @@ def main() -> int:
         flops = narayanan_flops(case["global_batch"], m["seq_len"], m["layers"], m["hidden"], m["vocab"])
         implied = flops / (pub["tflops_per_gpu"] * 1e12 * gpus)
         own = search(throughput_spec(case, published_layout=False), top_k=1, dropout=case_dropout(case),
-                     loss=case_loss(case), attention=case_attention(case)).chosen
+                     loss=case_loss(case), shape_fields=case_shape_fields(case)).chosen
         print(f"{case['id'].removeprefix('narayanan2021_t1_'):<24} {pub['tflops_per_gpu']:9.1f} {predicted:9.1f} "
               f"{err:+7.1%}  {est.layout.tag():<28} {implied:14.2f} {est.step_time_s:11.2f}  "
               f"{own.layout.tag() + ' ' + own.layout.recompute:<28} {est.step_time_s / own.step_time_s:7.2f}x")

@@ -579,9 +579,11 @@ def case_attention(case: dict) -> str:
 
 
 def case_shape_fields(case: dict) -> dict:
-    """The eager layer code a case's run had (``published.layer_impl``, ``published.eager_norm``; module doc), as
-    ModelShape fields; none for a run on the fused kernels orch charges."""
-    return {key: case["published"][key] for key in ("layer_impl", "eager_norm") if key in case["published"]}
+    """The ModelShape fields a case's run states beyond its spec: its attention kernel (:func:`case_attention`)
+    and its eager layer code (``published.layer_impl``, ``published.eager_norm``; module doc); none for a run on
+    the kernels orch charges."""
+    keys = ("attention", "layer_impl", "eager_norm")
+    return {key: case["published"][key] for key in keys if key in case["published"]}
 
 
 def case_recompute(case: dict) -> str:
@@ -615,7 +617,7 @@ def published_estimate(case: dict, cost=None):
             spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
             est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case),
                          distribute_saved_activations=bool(case["published"].get("distribute_saved_activations")),
-                         dropout=case_dropout(case), loss=case_loss(case), attention=case_attention(case),
+                         dropout=case_dropout(case), loss=case_loss(case),
                          shape_fields=case_shape_fields(case)).chosen
         except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
             last_error = e

@@ -73,14 +73,12 @@ class EstimateContext:
     def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None,
            ep_a2a_overlap: bool = True, fp8_recipe: str = FP8_RECIPE,
            distribute_saved_activations: bool = False, dropout: float = 0.0,
-           loss: str | None = None, attention: str = "catalog",
-           shape_fields: dict | None = None) -> "EstimateContext":
+           loss: str | None = None, shape_fields: dict | None = None) -> "EstimateContext":
         """``dropout``: the hidden/attention dropout probability the run trains with (ModelShape.dropout); orch
         trains without (0), a published run states its own (published.py case_dropout). ``loss``: the cross
         entropy implementation (ModelShape.loss); None: what orch's engine trains with (:func:`default_loss`).
-        ``attention``: the fused attention kernel (ModelShape.attention); orch's runs: the catalog figure.
-        ``shape_fields``: ModelShape fields a published run states that a spec cannot (fused_rope, glu_clamp,
-        recompute_modules, layer_impl, eager_norm; published_layouts.py layout_case_shape_fields, published.py
+        ``shape_fields``: ModelShape fields a published run states that a spec cannot (attention, fused_rope,
+        glu_clamp, recompute_modules, router_force_balance, layer_impl, eager_norm; orch's runs state none; published_layouts.py layout_case_shape_fields, published.py
         case_shape_fields)."""
         cost = cost or CostModel()
         c = spec.cluster
@@ -88,7 +86,7 @@ class EstimateContext:
         shape = model_shape(spec)
         if dropout:
             shape = dataclasses.replace(shape, dropout=dropout)
-        shape = dataclasses.replace(shape, loss=loss or default_loss(engine_of(spec)), attention=attention,
+        shape = dataclasses.replace(shape, loss=loss or default_loss(engine_of(spec)),
                                     **(shape_fields or {}))
         return cls(shape=shape, hw=hardware_for(spec, cost), cost=cost,
                    global_batch=spec.training.global_batch_size, precision=spec.training.precision,
