@@ -8,6 +8,7 @@ import sys
 
 from orchestrator.schemas_export import REGENERATE, stale_files
 from tests.conftest import ROOT
+from tests.deadlines import scaled_s
 
 HEAVY = ("torch", "deepspeed", "megatron", "wandb", "matplotlib")
 
@@ -70,11 +71,11 @@ def test_makefile_finds_a_python_of_at_least_3_10(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     env.pop("PYTHON", None)
     proc = subprocess.run(["make", "-n", "-B", "venv", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=scaled_s(60))
     assert proc.returncode == 0, proc.stderr
     assert f"python3.12 -m venv {tmp_path / 'venv'}" in proc.stdout
     none = subprocess.run(["make", "-B", "venv", "PYTHON=", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=scaled_s(60))
     assert none.returncode != 0 and "make PYTHON=/path/to/python3.x" in none.stderr
     assert not (tmp_path / "venv").exists()
 
