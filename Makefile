@@ -15,7 +15,7 @@ export DS_BUILD_OPS ?= 0
 export DS_ACCELERATOR ?= cpu
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: venv test test-fast demo ops schemas megatron-flags megatron-lm golden clean bench
+.PHONY: venv test test-fast demo ops schemas readme docs megatron-flags megatron-lm golden clean bench
 
 venv: $(STAMP)
 
@@ -26,7 +26,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	echo "$(TORCH)" > $(VENV)/constraints.txt
 	$(BIN)/pip install -q $(PIP_EXTRA) -c $(VENV)/constraints.txt "$(TORCH)"
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[train,plot,test]'
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[train,plot,test,docs]'
 	touch $(STAMP)
 
 test: venv
@@ -43,8 +43,18 @@ ops: venv
 demo: venv ops
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python examples/demo.py
 
+# The JSON Schemas from the typed records, then docs/spec.md from the spec's schema (tests fail when stale).
 schemas: venv
 	$(BIN)/python -m orchestrator.schemas_export
+	$(BIN)/python tests/tools/spec_reference.py
+
+# Rewrite the README's marked console blocks with what the commands print today (tests/unit/test_readme.py).
+readme: venv
+	$(BIN)/python tests/tools/readme_outputs.py
+
+# The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing page or any warning fails.
+docs: venv
+	$(BIN)/python -m mkdocs build --strict --site-dir site
 
 # Re-derive schemas/megatron_lm_args.json from Megatron-LM's arguments.py (needs ORCH_MEGATRON_LM).
 megatron-flags: venv
@@ -65,4 +75,4 @@ bench: venv
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .cache
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .cache

@@ -50,3 +50,10 @@ def orch_env(tmp_path):
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     return env
+
+
+def pytest_report_header(config):
+    from tests.deadlines import load_factor, probe_factor, time_factor
+
+    return (f"deadlines x{time_factor():.1f} for this machine (CPU probe x{probe_factor():.1f}, load x{load_factor():.1f};"
+            " tests/deadlines.py; ORCH_TEST_TIME_FACTOR forces one)")

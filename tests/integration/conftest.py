@@ -20,6 +20,8 @@ from typing import NoReturn
 
 import pytest
 
+from tests.deadlines import Deadline, scaled_s
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_DIR = Path(os.environ.get("ORCH_SLURM_DIR", "/tmp/orch-slurm"))
 PROBE_TIMEOUT_S = 15
@@ -61,7 +63,7 @@ def unavailable(what: str, start_command: str) -> NoReturn:
 
 def _probe(argv: list[str], env: dict[str, str]) -> tuple[bool, str]:
     try:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=scaled_s(PROBE_TIMEOUT_S))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, str(exc)
     return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
@@ -97,7 +99,7 @@ class SlurmCluster:
 
     def run(self, *argv: str, timeout_s: float = 30, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            list(argv), env=self.environ(), capture_output=True, text=True, timeout=timeout_s
+            list(argv), env=self.environ(), capture_output=True, text=True, timeout=scaled_s(timeout_s)
         )
         if check and proc.returncode != 0:
             raise AssertionError(
@@ -119,16 +121,16 @@ class SlurmCluster:
 
     def wait_job(self, job_id: int, timeout_s: float = 60) -> str:
         """Poll squeue until the job reaches a final state; that state (sbatch --wait is slower)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         state = "UNKNOWN"
-        while time.monotonic() < deadline:
+        while not deadline.expired():
             state = self.job_state(job_id)
             if state in FINAL_JOB_STATES:
                 return state
             time.sleep(0.2)
         details = self.run("scontrol", "show", "job", str(job_id), check=False)
         raise AssertionError(
-            f"job {job_id} still {state} after {timeout_s} s:\n{details.stdout}{details.stderr}"
+            f"job {job_id} still {state} after {deadline}:\n{details.stdout}{details.stderr}"
         )
 
 

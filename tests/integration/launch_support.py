@@ -11,6 +11,7 @@ from pathlib import Path
 from orchestrator.rundir import write_run_dir
 from orchestrator.telemetry.sinks import read_metrics
 from tests.conftest import fixed_plan, spec_data
+from tests.deadlines import Deadline, scaled_s
 from tests.integration.train_support import job_env
 
 ORCH = str(Path(sys.executable).parent / "orch")
@@ -39,7 +40,8 @@ def launch_env(daemon_env: dict[str, str], **extra) -> dict[str, str]:
 
 
 def orch(*args: str, env: dict, timeout_s: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([ORCH, *args], env=env, capture_output=True, text=True, timeout=timeout_s)
+    """Run orch to its end; ``timeout_s`` is the idle-machine figure (tests/deadlines.py scales it)."""
+    return subprocess.run([ORCH, *args], env=env, capture_output=True, text=True, timeout=scaled_s(timeout_s))
 
 
 def start_orch(*args: str, env: dict) -> subprocess.Popen:
@@ -47,15 +49,15 @@ def start_orch(*args: str, env: dict) -> subprocess.Popen:
 
 
 def wait_records(run_dir: Path, count: int, timeout_s: float = 120, job: subprocess.Popen | None = None) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.expired():
         n = len(read_metrics(run_dir / "metrics.jsonl"))
         if n >= count:
             return n
         if job is not None and job.poll() is not None:
             raise AssertionError(f"orch ended ({job.returncode}) before {count} records:\n{job.stderr.read()}")
         time.sleep(0.1)
-    raise AssertionError(f"fewer than {count} records in {run_dir / 'metrics.jsonl'} after {timeout_s} s")
+    raise AssertionError(f"fewer than {count} records in {run_dir / 'metrics.jsonl'} after {deadline}")
 
 
 def _cmdline(pid: str) -> list[str]:
@@ -99,18 +101,18 @@ def rank_environments(run_dir: Path) -> dict[int, dict[str, str]]:
 
 def watch_ranks(run_dir: Path, job: subprocess.Popen, count: int, timeout_s: float = 120) -> dict[int, dict]:
     """Poll until ``count`` ranks of the run dir are alive; their environments."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and job.poll() is None:
+    deadline = Deadline(timeout_s)
+    while not deadline.expired() and job.poll() is None:
         ranks = rank_environments(run_dir)
         if len(ranks) >= count:
             return ranks
         time.sleep(0.1)
-    raise AssertionError(f"never saw {count} ranks of {run_dir} (orch exited {job.poll()})")
+    raise AssertionError(f"never saw {count} ranks of {run_dir} after {deadline} (orch exited {job.poll()})")
 
 
 def wait_gone(run_dir: Path, timeout_s: float = 15) -> list[str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.expired():
         left = processes_of(run_dir)
         if not left:
             return []

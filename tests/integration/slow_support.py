@@ -69,8 +69,10 @@ def rank_pid(run_dir: Path, rank: int, timeout_s: float = 120) -> int:
     """The pid of the live trainer process of ``run_dir`` with RANK=rank (polls until it is there)."""
     import time  # noqa: PLC0415
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    from tests.deadlines import Deadline  # noqa: PLC0415
+
+    deadline = Deadline(timeout_s)
+    while not deadline.expired():
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -84,4 +86,4 @@ def rank_pid(run_dir: Path, rank: int, timeout_s: float = 120) -> int:
             if f"RANK={rank}" in environ:
                 return int(entry.name)
         time.sleep(0.1)
-    raise AssertionError(f"no trainer process with RANK={rank} for {run_dir} after {timeout_s} s")
+    raise AssertionError(f"no trainer process with RANK={rank} for {run_dir} after {deadline}")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO_ROOT, SlurmCluster, SshHosts
+from tests.deadlines import scaled_s
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +94,7 @@ def test_fake_gpus_are_allocated_per_node(slurm_cluster: SlurmCluster, tmp_path:
 def test_cluster_status_reports_up(slurm_cluster: SlurmCluster) -> None:
     proc = subprocess.run(
         ["bash", str(REPO_ROOT / "slurm" / "cluster.sh"), "status"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True, text=True, timeout=scaled_s(30),
     )
     assert proc.returncode == 0, proc.stderr
     for node in slurm_cluster.nodes:
@@ -102,7 +103,7 @@ def test_cluster_status_reports_up(slurm_cluster: SlurmCluster) -> None:
 
 def _pdsh(ssh_hosts: SshHosts, command: str, *flags: str) -> subprocess.CompletedProcess[str]:
     argv = ["pdsh", *flags, "-R", "ssh", "-w", ",".join(ssh_hosts.hosts[:2]), command]
-    return subprocess.run(argv, env=ssh_hosts.environ(), capture_output=True, text=True, timeout=60)
+    return subprocess.run(argv, env=ssh_hosts.environ(), capture_output=True, text=True, timeout=scaled_s(60))
 
 
 @pytest.mark.pdsh

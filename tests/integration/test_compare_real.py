@@ -20,6 +20,7 @@ import pytest
 from orchestrator.cli import main
 from tests.conftest import EXAMPLES
 from tests.integration.train_support import load_metrics, make_run_dir, train
+from tests.deadlines import scaled_s
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("deepspeed")
@@ -148,7 +149,7 @@ def test_bad_runs_exit_2_from_the_console_script(real_runs, tmp_path, orch_env):
     (empty / "metrics.jsonl").write_text("")
     env = {**orch_env, "WANDB_MODE": "offline"}
     proc = subprocess.run([str(orch), "compare", str(real_runs["z1"]), str(tmp_path / "nope"), str(empty),
-                           "someone/project/run123"], capture_output=True, text=True, env=env, timeout=60)
+                           "someone/project/run123"], capture_output=True, text=True, env=env, timeout=scaled_s(60))
     assert proc.returncode == 2 and proc.stdout == ""
     assert "3 problems found" in proc.stderr and "no such run dir" in proc.stderr
     assert "no metrics records (empty)" in proc.stderr and "needs W&B online, but WANDB_MODE=offline" in proc.stderr

@@ -14,6 +14,7 @@ from typing import Iterator
 import pytest
 
 from tests.integration.train_support import job_env, make_run_dir
+from tests.deadlines import scaled_s
 
 pytestmark = pytest.mark.integration
 ORCH = str(Path(sys.executable).parent / "orch")
@@ -23,7 +24,7 @@ LONG_STEPS = 100_000
 
 def orch(*argv, env=None, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run([ORCH, *map(str, argv)], capture_output=True, text=True, env=env or job_env(),
-                          timeout=timeout)
+                          timeout=scaled_s(timeout))
 
 
 @pytest.fixture
@@ -101,9 +102,9 @@ def test_ctrl_c_stops_every_rank(long_run_dir):
     assert first.startswith("step "), first + proc.stderr.read()
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()
-    code = proc.wait(timeout=150)     # a 100,000-step run: only the interrupt ends it this soon
-    assert code == 130 and time.monotonic() - start < 120
-    deadline = time.monotonic() + 10
+    code = proc.wait(timeout=scaled_s(150))     # a 100,000-step run: only the interrupt ends it this soon
+    assert code == 130 and time.monotonic() - start < scaled_s(120)
+    deadline = time.monotonic() + scaled_s(10)
     while _pids_of(run_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _pids_of(run_dir)

@@ -15,6 +15,7 @@ from tests.integration.conftest import SshHosts
 from tests.integration.launch_support import (HOSTILE, SECRET, files_holding, launch_env, make_run, no_pwned,
                                               orch, start_orch, steps, wait_gone, wait_records, watch_ranks)
 from tests.integration.train_support import assert_loss_falls, load_metrics
+from tests.deadlines import scaled_s
 
 pytestmark = [pytest.mark.integration, pytest.mark.pdsh]
 pytest.importorskip("deepspeed")
@@ -30,7 +31,7 @@ def sshd_accepts(ssh_hosts: SshHosts, name: str) -> bool:
     """Whether the hosts' sshd takes ``name`` from ssh's SendEnv (it needs `AcceptEnv name`)."""
     argv = ["ssh", "-F", str(ssh_hosts.ssh_config), "-o", f"SendEnv={name}", ssh_hosts.hosts[0], f"printenv {name}"]
     proc = subprocess.run(argv, env={**ssh_hosts.environ(), name: "probe"}, capture_output=True, text=True,
-                          timeout=30)
+                          timeout=scaled_s(30))
     return proc.stdout.strip() == "probe"
 
 
@@ -39,7 +40,7 @@ def test_two_hosts_train_to_completion(ssh_hosts, tmp_path):
     env = launch_env(ssh_hosts.env)
     job = start_orch("launch", str(run), "--backend", "pdsh", "--wait", env=env)
     ranks = watch_ranks(run, job, 2)
-    out, err = job.communicate(timeout=240)
+    out, err = job.communicate(timeout=scaled_s(240))
     assert job.returncode == 0, err
     # Each rank was started over ssh at its own host's address, with node rank = place in the host list.
     assert {r: e["SSH_CONNECTION"].split()[2:] for r, e in ranks.items()} == {

@@ -14,13 +14,14 @@ import pytest
 from orchestrator.runlock import try_lock
 from tests.integration.test_launch_local import _pids_of
 from tests.integration.train_support import job_env, load_metrics, make_run_dir
+from tests.deadlines import scaled_s
 
 pytestmark = pytest.mark.integration
 ORCH = str(Path(sys.executable).parent / "orch")
 
 
 def orch(*argv, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([ORCH, *map(str, argv)], capture_output=True, text=True, env=job_env(), timeout=timeout)
+    return subprocess.run([ORCH, *map(str, argv)], capture_output=True, text=True, env=job_env(), timeout=scaled_s(timeout))
 
 
 def test_nothing_in_the_run_dir_shadows_an_import(tmp_path):
@@ -34,7 +35,7 @@ def test_nothing_in_the_run_dir_shadows_an_import(tmp_path):
         (run_dir / name).write_text(payload)
     env = job_env(ORCH_PYTHON=sys.executable, MASTER_PORT="0")
     result = subprocess.run(["bash", "launch_local.sh", "--help"], cwd=run_dir, env=env, capture_output=True,
-                            text=True, timeout=120)
+                            text=True, timeout=scaled_s(120))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Train a run dir written by `orch generate`" in result.stdout
     assert not marker.exists(), marker.read_text()

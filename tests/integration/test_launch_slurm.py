@@ -15,6 +15,7 @@ from tests.integration.conftest import SlurmCluster
 from tests.integration.launch_support import (HOSTILE, SECRET, files_holding, launch_env, make_run, no_pwned,
                                               orch, start_orch, steps, wait_gone, wait_records, watch_ranks)
 from tests.integration.train_support import assert_loss_falls, load_metrics
+from tests.deadlines import scaled_s
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 pytest.importorskip("deepspeed")
@@ -33,7 +34,7 @@ def test_two_node_zero2_job_completes_with_ranks_on_both_nodes(slurm_cluster, tm
     run, env = slurm_run(slurm_cluster, tmp_path)
     job = start_orch("launch", str(run), "--backend", "slurm", "--wait", env=env)
     ranks = watch_ranks(run, job, 2)
-    out, err = job.communicate(timeout=240)
+    out, err = job.communicate(timeout=scaled_s(240))
     assert job.returncode == 0, err
     # The ranks themselves: rank 0 started by the torchrun of orch-n1, rank 1 by that of orch-n2; the secret
     # reached both through the environment.
@@ -105,7 +106,7 @@ def test_usr1_checkpoints_requeues_and_resumes_without_losing_a_step(slurm_clust
     # SLURM holds a requeued batch job until the old start's (revoked) credential expires: slurm.conf's
     # cred_expire, 10 s on the test cluster (120 s by default). Forcing StartTime=now earlier races with
     # that ("Killing non-startable batch job: Job credential revoked"), so the test just waits.
-    out, err = job.communicate(timeout=240)
+    out, err = job.communicate(timeout=scaled_s(240))
     assert job.returncode == 0, err
     assert f"job {jid} PENDING" in err and f"job {jid} RUNNING" in err    # the follower saw the requeue
     assert steps(run) == list(range(1, 11))
@@ -143,7 +144,7 @@ def test_sweep_array_waits_for_its_dependency(slurm_cluster, tmp_path, monkeypat
     array_id = records[0].extra["array_job_id"]
     shown = runner.run(["scontrol", "show", "job", "-o", array_id]).stdout
     assert f"Dependency=afterok:{first_id}" in shown and "JobState=PENDING" in shown
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + scaled_s(180)
     states = []
     while time.monotonic() < deadline:
         states = [slurm.status(JobRecord.load(m), runner) for m in members]

@@ -24,6 +24,7 @@ from orchestrator.validate.megatron_lm import (HOW_TO_ENABLE, LmRun, launch_scri
                                                megatron_lm_root)
 from tests.conftest import EXAMPLES, ROOT, fixed_plan, spec_data
 from tests.megatron_layouts import GPU8, MEGATRON_LAYOUTS
+from tests.deadlines import scaled_s
 
 pytestmark = pytest.mark.integration
 needs_core = pytest.mark.skipif(not megatron_core_available(), reason="megatron-core (the [train] extra) is not installed")
@@ -279,6 +280,6 @@ def test_tensor_parallel_linears_run_on_gloo_with_two_processes():
 
     queue = mp.get_context("spawn").Queue()
     mp.start_processes(_tp_worker, args=(2, _free_port(), queue), nprocs=2, start_method="spawn", join=True)
-    results = sorted(queue.get(timeout=60) for _ in range(2))
+    results = sorted(queue.get(timeout=scaled_s(60)) for _ in range(2))
     assert [r[:3] for r in results] == [(0, 2, (4, 2, 8)), (1, 2, (4, 2, 8))]  # each rank holds half of 16
     assert max(r[3] for r in results) < 1e-5, "column->row parallel output equals the unsharded matmul"

@@ -12,6 +12,7 @@ from orchestrator.runs import read_wandb_offline
 from tests.integration.launch_support import launch_env, make_run, orch, start_orch, wait_records
 from tests.integration.slow_support import cpu_quota, slow_fraction, join, rank_pid
 from tests.integration.train_support import load_metrics
+from tests.deadlines import scaled_s
 
 pytestmark = [pytest.mark.integration]
 pytest.importorskip("deepspeed")
@@ -26,7 +27,7 @@ def test_slowed_rank_is_named_in_metrics_log_status_and_wandb(tmp_path):
         pid = rank_pid(run, 1)
         wait_records(run, 1, job=job)     # slowed once training runs: the start-up stays fast
         join(group, pid)
-        out, err = job.communicate(timeout=300)
+        out, err = job.communicate(timeout=scaled_s(300))
     assert job.returncode == 0, err[-3000:]
     records = load_metrics(run)
     # With 2 ranks the median is their mean, so the spread is at most 2: rank 1 at 1/4 of rank 0's speed gives

@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.integration.train_support import (assert_loss_falls, job_env, load_metrics, make_run_dir,
                                              read_wandb_history, train)
+from tests.deadlines import scaled_s
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("deepspeed")
@@ -157,7 +158,7 @@ def test_single_process_has_no_allreduce(tmp_path):
     run_dir = make_run_dir(tmp_path / "run", **{**FAST, "cluster.gpus_per_node": 1, "parallelism.zero_stage": 0,
                                                 "training.train_iters": 6})
     proc = subprocess.run([sys.executable, "-m", "orchestrator.train", str(run_dir)], cwd=ROOT, env=job_env(),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=scaled_s(300))
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = load_metrics(run_dir)
     assert len(records) == 6

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.integration.train_support import job_env, make_run_dir, torchrun_argv
+from tests.deadlines import scaled_s
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("megatron.core")
@@ -28,7 +29,7 @@ def test_megatron_engine_parts_on_cpu(tmp_path, overrides):
     run_dir = make_run_dir(tmp_path / "run", **{"parallelism.tensor": 2, **overrides})
     out = tmp_path / "check.json"
     argv = torchrun_argv(2, "orchestrator.train.megatron_engine", "--check", str(run_dir), "--out", str(out))
-    proc = subprocess.run(argv, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(argv, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=scaled_s(300))
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = json.loads(out.read_text())["ranks"]
     assert sorted(r["tp_rank"] for r in ranks) == [0, 1]

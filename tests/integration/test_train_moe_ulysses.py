@@ -18,6 +18,7 @@ import pytest
 
 from orchestrator.train import checkpoint
 from tests.integration.train_support import job_env, load_metrics, make_run_dir, read_wandb_history, train
+from tests.deadlines import scaled_s
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("deepspeed")
@@ -37,7 +38,7 @@ MOE_FIELDS = ("expert_load_imbalance", "tokens_dropped_fraction", "moe_aux_loss"
 
 def launch_wait(run_dir: Path) -> str:
     result = subprocess.run([ORCH, "launch", str(run_dir), "--wait"], capture_output=True, text=True,
-                            env=job_env(), timeout=300)
+                            env=job_env(), timeout=scaled_s(300))
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result.stdout
 
@@ -90,7 +91,7 @@ def _check_moe(run_dir: Path, records: list[dict], info: dict) -> None:
     history, _ = read_wandb_history(run_dir)
     logged = [row for row in history if "alltoall_time_s" in str(row)]
     assert len(logged) == STEPS and all("expert_load_imbalance" in str(row) for row in logged)
-    shown = subprocess.run([ORCH, "compare", str(run_dir)], capture_output=True, text=True, env=job_env(), timeout=120)
+    shown = subprocess.run([ORCH, "compare", str(run_dir)], capture_output=True, text=True, env=job_env(), timeout=scaled_s(120))
     assert shown.returncode == 0, shown.stderr
     assert all(name in shown.stdout for name in ("all-to-all s", "expert load imbalance", "tokens dropped",
                                                  "MoE aux loss"))

@@ -17,6 +17,7 @@ from orchestrator.train.signals import EXIT_PREEMPTED
 from tests.conftest import ROOT
 from tests.integration.train_support import (job_env, kill_job, load_metrics, make_run_dir, start_train,
                                              torchrun_argv, train, wait_for_records)
+from tests.deadlines import scaled_s
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("deepspeed")
@@ -76,7 +77,7 @@ def _spec(run_dir):
 def _wait_resumed(job, run_dir, saved: int) -> None:
     """Wait until the resumed job has started (train_info.json) and written 2 steps past its checkpoint."""
     info = run_dir / "train_info.json"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled_s(120)
     while not info.exists() and time.monotonic() < deadline and job.poll() is None:
         time.sleep(0.02)
     assert json.loads(info.read_text())["start_step"] == saved
@@ -93,7 +94,7 @@ def test_fault_plus_corrupt_newest_checkpoint_plus_garbage_metrics_resumes_exact
     run_dir = make_run_dir(tmp_path / "run", **spec)
     ckpt = checkpoint.checkpoint_dir(run_dir, _spec(run_dir))
     failed = subprocess.run(torchrun_argv(2, "orchestrator.train", str(run_dir)), cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, env=job_env(ORCH_FAULT_AT_STEP="5", ORCH_FAULT_RANK="1"))
+                            text=True, timeout=scaled_s(300), env=job_env(ORCH_FAULT_AT_STEP="5", ORCH_FAULT_RANK="1"))
     assert failed.returncode != 0 and "injected fault at step 5" in failed.stderr, failed.stderr[-3000:]
     first = {r["step"]: r["loss"] for r in load_metrics(run_dir)}
     assert sorted(first) == list(range(1, 5)) and checkpoint.saved_steps(ckpt) == [4, 2]

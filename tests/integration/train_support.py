@@ -15,8 +15,9 @@ import jsonschema
 from orchestrator.resources import data_dir
 from orchestrator.telemetry.sinks import read_metrics
 from tests.conftest import ROOT, fixed_plan, spec_data
+from tests.deadlines import Deadline, scaled_s
 
-JOB_TIMEOUT_S = 300
+JOB_TIMEOUT_S = 300     # idle-machine figure: every use scales it (scaled_s)
 
 
 def make_run_dir(path: Path, *, planned: bool = False, **overrides) -> Path:
@@ -62,7 +63,7 @@ def torchrun_argv(nproc: int, *module_and_args: str) -> list[str]:
 def train(run_dir: Path, *args: str, nproc: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the trainer under torchrun to completion; fails the test with the log when it does not exit 0."""
     proc = subprocess.run(torchrun_argv(nproc, "orchestrator.train", str(run_dir), *args), cwd=ROOT,
-                          env=env or job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+                          env=env or job_env(), capture_output=True, text=True, timeout=scaled_s(JOB_TIMEOUT_S))
     assert proc.returncode == 0, f"trainer exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     return proc
 
@@ -76,15 +77,15 @@ def start_train(run_dir: Path, *args: str, nproc: int = 2, env: dict | None = No
 
 def wait_for_records(job: subprocess.Popen, metrics: Path, count: int, timeout_s: float = 120) -> int:
     """Poll metrics.jsonl until it has ``count`` records; returns how many it had."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.expired():
         n = len(read_metrics(metrics))
         if n >= count:
             return n
         if job.poll() is not None:
             raise AssertionError(f"the job ended ({job.returncode}) before {count} records:\n{job.stdout.read()}")
         time.sleep(0.02)
-    raise AssertionError(f"no {count} records in {metrics} after {timeout_s} s")
+    raise AssertionError(f"no {count} records in {metrics} after {deadline}")
 
 
 def descendants(pid: int) -> list[int]:
@@ -115,7 +116,7 @@ def kill_job(job: subprocess.Popen, sig: int) -> str:
                 pass
     else:
         job.send_signal(sig)
-    out, _ = job.communicate(timeout=JOB_TIMEOUT_S)
+    out, _ = job.communicate(timeout=scaled_s(JOB_TIMEOUT_S))
     return out
 
 
@@ -144,9 +145,9 @@ def read_wandb_history(run_dir: Path) -> tuple[list[dict], dict]:
     assert len(files) == 1, f"expected exactly one W&B run, found {files}"
     wandb_cli = Path(sys.executable).with_name("wandb")
     out = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(files[0])], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+                         text=True, timeout=scaled_s(120), check=True).stdout
     history = [json.loads(line)["history"]["item"] for line in out.splitlines()
                if line.strip() and json.loads(line).get("type") == "history"]
     summary = subprocess.run([str(wandb_cli), "leet", "inspect", "--summary", "--json", str(files[0])],
-                             capture_output=True, text=True, timeout=120, check=True).stdout
+                             capture_output=True, text=True, timeout=scaled_s(120), check=True).stdout
     return history, json.loads(summary)

@@ -11,6 +11,7 @@ import yaml
 from orchestrator.cli import main
 from tests.conftest import EXAMPLES, ROOT
 from tests.unit.test_estimate_step import COMM_KEYS, LAYOUT_KEYS, MEMORY_KEYS
+from tests.deadlines import scaled_s
 
 PLAN_EXAMPLES = ["llama3-8b-64xh100", "gpt3-1.7b-32xa100", "gpt3-175b-1024xa100"]
 
@@ -84,7 +85,7 @@ def test_plan_imports_no_training_stack():
             "heavy = [m for m in ('torch', 'deepspeed', 'megatron', 'wandb') if m in sys.modules]\n"
             "sys.stderr.write(repr(heavy))\n")
     proc = subprocess.run([sys.executable, "-c", code, str(EXAMPLES / "llama3-8b-64xh100.yaml")],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+                          capture_output=True, text=True, cwd=ROOT, timeout=scaled_s(120))
     assert proc.stderr.strip().endswith("[]"), proc.stderr
 
 
@@ -97,7 +98,7 @@ def test_doctor_help_and_status_import_no_training_stack(tmp_path):
             "heavy = [m for m in ('torch', 'deepspeed', 'megatron', 'wandb') if m in sys.modules]\n"
             "sys.stderr.write(repr(heavy))\n")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+                          timeout=scaled_s(120))
     assert "Usage:" in proc.stdout and "local job 4194000:" in proc.stdout, proc.stdout + proc.stderr  # status ran
     assert proc.stderr.strip().endswith("[]"), proc.stdout + proc.stderr
 

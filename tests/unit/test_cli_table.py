@@ -13,6 +13,7 @@ import pytest
 from orchestrator.cli.table import Column, render_table, wrap_text
 from tests.conftest import EXAMPLES, ROOT
 from tests.unit.compare_support import make_run_dir, steady
+from tests.deadlines import scaled_s
 
 ANSI = re.compile(r"\x1b\[")
 NUMBER = re.compile(r"\d[\d,.]*%?")
@@ -23,7 +24,7 @@ def orch(*argv: str, columns: int | None = None) -> subprocess.CompletedProcess:
     if columns:
         env["COLUMNS"] = str(columns)
     return subprocess.run([str(Path(sys.executable).parent / "orch"), *argv], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=120)
+                          env=env, timeout=scaled_s(120))
 
 
 COLUMNS = [Column("#", keep=True), Column("name", "left", keep=True, wrap=True), Column("a", priority=1),
@@ -92,6 +93,6 @@ def test_demo_log_has_no_raw_escape_codes(tmp_path):
     """`make demo > demo.log`: the step headings are plain text when stdout is not a terminal."""
     code = ("import runpy, sys; demo = runpy.run_path('examples/demo.py'); "
             "demo['step']('show the version', '--version')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=scaled_s(60))
     assert proc.returncode == 0, proc.stderr
     assert "$ orch --version   # show the version" in proc.stdout and not ANSI.search(proc.stdout)

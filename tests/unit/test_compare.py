@@ -13,6 +13,7 @@ from orchestrator.cli import main
 from orchestrator.errors import SpecError
 from orchestrator.runs import load_run, load_runs, parse_transaction_log, parse_wandb_path, run_from_wandb
 from tests.unit.compare_support import make_run_dir, record, steady, write_metrics
+from tests.deadlines import scaled_s
 
 
 def run_cli(argv, capsys) -> tuple[int, str, str]:
@@ -335,6 +336,6 @@ def test_compare_and_calibrate_import_no_heavy_modules(two_runs):
             "sys.stderr.write(repr(heavy))\n")
     calib = two_runs[0].parent / "calib.json"
     proc = subprocess.run([sys.executable, "-c", code, *map(str, two_runs), str(calib)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)
+                          text=True, cwd=ROOT, timeout=scaled_s(120))
     assert proc.stderr.strip().endswith("[]"), proc.stderr
     assert calib.is_file()

@@ -16,6 +16,7 @@ from orchestrator.rundir import write_run_dir
 from orchestrator.runlock import RunDirBusy, holders, try_lock
 from orchestrator.train.trainer import injected_fault
 from tests.conftest import fixed_plan, spec_data
+from tests.deadlines import scaled_s
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def test_malformed_fault_injection_is_a_usage_error(monkeypatch, value):
 def test_trainer_exits_2_on_a_malformed_fault_variable(run_dir):
     env = {"ORCH_FAULT_AT_STEP": "abc", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-m", "orchestrator.train", str(run_dir)], capture_output=True,
-                            text=True, env=env, timeout=120)
+                            text=True, env=env, timeout=scaled_s(120))
     assert result.returncode == 2 and "ORCH_FAULT_AT_STEP" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -58,10 +59,10 @@ ROOT_CAUSE = ("echo 'Root Cause (first observed failure):'; echo '[0]:'; echo ' 
 def test_second_failure_report_names_its_own_rank(run_dir):
     """launch.log used to be appended across launches: the second report found the first failure's rank."""
     record, proc = _job(run_dir, ROOT_CAUSE.format(rank=1))
-    proc.wait(timeout=30)
+    proc.wait(timeout=scaled_s(30))
     assert local.failure_report(record, None, 1).startswith("rank 1 failed")
     record, proc = _job(run_dir, ROOT_CAUSE.format(rank=0))
-    proc.wait(timeout=30)
+    proc.wait(timeout=scaled_s(30))
     assert local.failure_report(record, None, 1).startswith("rank 0 failed")
     assert "rank      : 1" in (run_dir / "logs" / "launch.previous.log").read_text()
 
@@ -69,7 +70,7 @@ def test_second_failure_report_names_its_own_rank(run_dir):
 def test_status_reports_the_stop_the_trainer_recorded(run_dir):
     """After a clean stop the trainer wrote exit 75 to train_status.json; torchrun's own code is 1."""
     record, proc = _job(run_dir, "false")
-    proc.wait(timeout=30)
+    proc.wait(timeout=scaled_s(30))
     assert local.status(record) is JobState.FAILED
     (run_dir / "train_status.json").write_text(json.dumps({"state": "preempted", "exit_code": 75,
                                                            "time_unix": time.time()}))
@@ -93,7 +94,7 @@ def test_a_live_job_keeps_the_run_dir(run_dir):
             refuse_if_active(run_dir, CommandRunner())
         with pytest.raises(RunDirBusy, match=f"local job {record.job_id} "):
             submit_exclusive(run_dir, local, plan, CommandRunner())
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled_s(10)
         while len(holders(run_dir)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(holders(run_dir)) >= 2               # bash, the sleeps (one in a session of its own)

@@ -14,12 +14,13 @@ from orchestrator.launch.base import JobRecord
 from orchestrator.launch.progress import StartupWatch
 from orchestrator.rundir import write_run_dir
 from tests.conftest import EXAMPLES, fixed_plan, spec_data
+from tests.deadlines import scaled_s
 
 ORCH = str(Path(sys.executable).parent / "orch")
 
 
 def orch(*argv, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([ORCH, *map(str, argv)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([ORCH, *map(str, argv)], capture_output=True, text=True, timeout=scaled_s(timeout))
 
 
 def run_dir(tmp_path, **overrides) -> Path:
@@ -76,7 +77,7 @@ def test_generate_says_micro_batch_in_the_singular(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(spec_data(**{"training.global_batch_size": 4})))
     proc = subprocess.run([ORCH, "generate", str(spec), "-o", str(tmp_path / "out")], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=scaled_s(60))
     assert proc.returncode == 0, proc.stderr
     assert "1 micro-batch/step" in proc.stderr and "micro-batches" not in proc.stderr
 

@@ -18,6 +18,7 @@ from orchestrator.launch import pdsh, supervise
 from orchestrator.launch.base import JobRecord, JobState
 from orchestrator.rundir import read_run_dir, write_run_dir
 from tests.conftest import fixed_plan, spec_data
+from tests.deadlines import scaled_s
 
 HOSTS = {"cluster.num_nodes": 2, "cluster.gpus_per_node": 1, "launch.pdsh.hosts": ["orch-n1", "orch-n2"],
          "launch.pdsh.ssh_port": 2222}
@@ -72,7 +73,7 @@ def run_script(tmp_path: Path, run: Path, **env_extra) -> tuple[dict, list[dict]
     env["TORCH_FAKE_OUT"] = str(out)
     (bin_dir / "fake-python").write_text(FAKE_PYTHON.replace('os.environ.get("FAKE_OUT", "/dev/null")',
                                                              'os.environ["TORCH_FAKE_OUT"]'))
-    subprocess.run(["bash", str(run / "launch_pdsh.sh")], env=env, cwd=tmp_path, check=True, timeout=30)
+    subprocess.run(["bash", str(run / "launch_pdsh.sh")], env=env, cwd=tmp_path, check=True, timeout=scaled_s(30))
     calls = [json.loads(line) for line in out.read_text().splitlines()]
     return json.loads(log.read_text()), calls
 
@@ -157,7 +158,7 @@ def test_cli_without_pdsh_on_path_exits_1_naming_the_package(tmp_path, orch_env)
     run = make_run(tmp_path)
     env = {**orch_env, "PATH": str(Path(sys.executable).parent)}
     proc = subprocess.run([str(Path(sys.executable).parent / "orch"), "launch", str(run), "--backend", "pdsh"],
-                          env=env, capture_output=True, text=True, timeout=60)
+                          env=env, capture_output=True, text=True, timeout=scaled_s(60))
     assert proc.returncode == 1, proc.stderr
     assert "apt-get install pdsh" in proc.stderr and "openssh-client" in proc.stderr
     assert not (run / "job.json").exists()
@@ -267,9 +268,9 @@ def test_stop_script_ends_exactly_the_runs_processes(tmp_path):
     try:
         time.sleep(0.2)
         started = time.monotonic()
-        subprocess.run(["sh", "-c", pdsh.STOP_SCRIPT, "orch-stop", "run-a", "5"], check=True, timeout=30)
-        assert mine.wait(timeout=5) == -15
-        assert stubborn.wait(timeout=5) == -9
+        subprocess.run(["sh", "-c", pdsh.STOP_SCRIPT, "orch-stop", "run-a", "5"], check=True, timeout=scaled_s(30))
+        assert mine.wait(timeout=scaled_s(5)) == -15
+        assert stubborn.wait(timeout=scaled_s(5)) == -9
         assert time.monotonic() - started < 5
         assert other.poll() is None
     finally:

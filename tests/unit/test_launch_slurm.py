@@ -20,6 +20,7 @@ from orchestrator.render.scripts import render_sbatch, sbatch_directives
 from orchestrator.rundir import read_run_dir, write_run_dir
 from orchestrator.spec import parse_spec
 from tests.conftest import fixed_plan, spec_data
+from tests.deadlines import scaled_s
 
 TWO_NODES = {"cluster.num_nodes": 2, "cluster.gpus_per_node": 1, "launch.slurm.partition": "debug"}
 WORKDIR_TRAP = "/tmp/a b JobState=FAILED ExitCode=9:0"
@@ -316,12 +317,12 @@ def run_batch_script(tmp_path: Path, *, send: int | None, task_exit: int = 0, **
            "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(run), "MASTER_PORT": "29999"}
     proc = subprocess.Popen(["bash", str(run / "launch.sbatch")], env=env, cwd=run, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled_s(20)
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     if send:
         proc.send_signal(send)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=scaled_s(30))
     return proc.returncode, log.read_text(), err
 
 
@@ -358,7 +359,7 @@ def test_cli_dry_run_prints_the_command_and_script_and_submits_nothing(tmp_path,
     orch = str(Path(sys.executable).parent / "orch")
     env = {**orch_env, "WANDB_API_KEY": "s3cret-never-printed", "PATH": str(tmp_path)}   # no sbatch here
     proc = subprocess.run([orch, "launch", str(run), "--backend", "slurm", "--dry-run"], env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=scaled_s(60))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     prefix, _, python = lines[0].partition(" && ORCH_PYTHON=")
@@ -375,6 +376,6 @@ def test_cli_rejects_a_hostile_partition_before_anything_runs(tmp_path, orch_env
     pwned = tmp_path / "pwned"
     spec.write_text(yaml.safe_dump(spec_data(**{**TWO_NODES, "launch.slurm.partition": f"x; touch {pwned}"})))
     proc = subprocess.run([str(Path(sys.executable).parent / "orch"), "generate", str(spec), "-o",
-                           str(tmp_path / "run")], env=orch_env, capture_output=True, text=True, timeout=60)
+                           str(tmp_path / "run")], env=orch_env, capture_output=True, text=True, timeout=scaled_s(60))
     assert proc.returncode == 2 and "launch.slurm.partition" in proc.stderr
     assert not pwned.exists() and not (tmp_path / "run").exists()
