@@ -35,7 +35,6 @@ from .catalog.gpus import GPUS
 from .errors import Problem, SpecError
 from .estimate.comm import group_placement
 from .estimate.cost import CostModel
-from .estimate.params import active_layer_matrix_params
 from .estimate.plausibility import mfu_warnings
 from .estimate.precision import FP8_RECIPE
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
@@ -143,8 +142,7 @@ def plausibility(ctx: EstimateContext, chosen: LayoutEstimate) -> list[str]:
     """A warning when the chosen layout's MFU beats what published runs reached on this GPU (plausibility.py)."""
     if ctx.gpu not in GPUS:
         return []
-    params = ctx.shape.num_layers * active_layer_matrix_params(ctx.shape)
-    return mfu_warnings(GPUS[ctx.gpu], ctx.precision, params, chosen.mfu)
+    return mfu_warnings(GPUS[ctx.gpu], ctx.precision, chosen.mfu)
 
 
 def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list[str]:
