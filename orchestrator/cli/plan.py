@@ -77,12 +77,25 @@ COLUMNS = (Column("#", keep=True), Column("layout", "left", keep=True, wrap=True
            Column("grads", priority=13), Column("optim", priority=14), Column("other", priority=15))
 
 
+def columns_for(spec) -> tuple[Column, ...]:
+    """COLUMNS, with days (and cost, in the spec's currency) to train after the memory total when the spec says
+    training.total_tokens; they come right after it in priority."""
+    if spec.training.total_tokens is None:
+        return COLUMNS
+    extra = [Column("days", priority=1)]
+    if spec.cluster.gpu_hour_cost is not None:
+        extra.append(Column(f"cost {spec.cluster.gpu_hour_cost.currency}", priority=1))
+    at = [c.header for c in COLUMNS].index("total GiB") + 1
+    return COLUMNS[:at] + tuple(extra) + COLUMNS[at:]
+
+
 def render_plan(spec, result, *, width: int, wide: bool = False, style: bool = False) -> str:
     """The ranked candidates (memory in GiB per GPU, exposed communication in s/step) and the why-lines."""
     title = (f"{spec.name}: {spec.world_size} x {spec.cluster.gpu}, global batch {spec.training.global_batch_size}"
              f" x {spec.model.seq_length} tokens; {result.num_fitting} of {result.num_considered} layouts fit")
-    rows = [_row(rank, est) for rank, est in enumerate(result.candidates, 1)]
-    table = render_table(COLUMNS, rows, width=width, wide=wide, title=title, style=style)
+    columns = columns_for(spec)
+    rows = [_row(rank, est, columns) for rank, est in enumerate(result.candidates, 1)]
+    table = render_table(columns, rows, width=width, wide=wide, title=title, style=style)
     lines = [table.text]
     if table.hidden:
         lines.append(hidden_note(table.hidden, width))
@@ -91,7 +104,8 @@ def render_plan(spec, result, *, width: int, wide: bool = False, style: bool = F
     return "\n".join(lines)
 
 
-def _row(rank: int, est) -> list[str]:
+def _row(rank: int, est, columns=COLUMNS) -> list[str]:
+    from ..estimate.to_train import short_amount
     from ..estimate.uncertainty import plus_minus
 
     lay, mem, comm = est.layout, est.memory, est.comm
@@ -105,4 +119,8 @@ def _row(rank: int, est) -> list[str]:
              "PP s": f"{comm.pp_exposed_s:.2f}", "DP s": f"{comm.dp_exposed_s:.2f}",
              "step s": f"{est.step_time_s:.3g}", "tokens/s": f"{est.tokens_per_s:,.0f}",
              "±": plus_minus(est.uncertainty), "TFLOP/s": f"{est.tflops_per_gpu:.3g}", "MFU": f"{est.mfu:.1%}"}
-    return [cells[c.header] for c in COLUMNS]
+    if est.to_train is not None:
+        cells["days"] = f"{est.to_train['days']:.3g}"
+        if "cost" in est.to_train:
+            cells[f"cost {est.to_train['cost']['currency']}"] = short_amount(est.to_train["cost"]["amount"])
+    return [cells[c.header] for c in columns]
