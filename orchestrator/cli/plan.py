@@ -23,8 +23,11 @@ GiB = 2**30
               help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
 @click.option("--measured", "measured_path", type=click.Path(dir_okay=False),
               help="doctor.json from `orch doctor`: measured bandwidths, latency and GEMM rate replace the catalog's.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png",
+              help="Also draw the top candidates (up to 5) into a PNG: where the step time and the memory go "
+                   "(needs matplotlib: pip install 'orch[plot]').")
 def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_path: str | None,
-            measured_path: str | None) -> None:
+            measured_path: str | None, plot_path: str | None) -> None:
     """Search the parallel layouts SPEC leaves open (tp, pp, vpp, dp, ZeRO stage, micro-batch,
     recompute, sequence parallel, offload), drop those that break a rule or do not fit in GPU memory,
     and rank the rest by predicted step time. Prints the top layouts with their memory breakdown, bubble,
@@ -36,9 +39,19 @@ def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_p
     from ..planner import search
     from ..spec import load_spec
 
+    if plot_path is not None:
+        from ..plotting import check_plot_path, require_matplotlib
+
+        check_plot_path(plot_path)
+        require_matplotlib()
     spec = load_spec(spec_path)
     cost, measured = calibrated_cost(calibration_path, spec, measured_path)
     result = search(spec, top_k=top_k, cost=cost)
+    if plot_path is not None:
+        from ..plan_plot import plan_title, write_plan_png
+
+        write_plan_png(result.to_dict(), plan_title(spec), plot_path)
+        click.echo(f"wrote {plot_path}", err=True)
     if as_json:
         click.echo(json.dumps({**result.to_dict(), **({"measured": measured} if measured else {})},
                               sort_keys=True, indent=2))
