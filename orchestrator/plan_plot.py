@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from .estimate.to_train import short_amount
 from .plotting import check_plot_path, new_figure, png_bytes
 
 MAX_BARS = 5
@@ -109,10 +110,14 @@ def _time_panel(ax, layouts: list[dict]) -> None:
     for i, lay in enumerate(layouts):
         note = f"{lay['step_time_s']:.3g} s ±{lay['uncertainty']['relative_error']:.0%}\nMFU {lay['mfu']:.1%}"
         if "to_train" in lay:
-            note += f"\n{lay['to_train']['days']:.3g} days"
+            t = lay["to_train"]
+            note += f"\n{t['days']:.3g} days to train" + (
+                f"\n{short_amount(t['cost']['amount'])} {t['cost']['currency']}" if "cost" in t else "")
         ax.annotate(note, (i, tops[i] + errors[i]), xytext=(0, 4), textcoords="offset points", ha="center",
                     va="bottom", fontsize=8)
-    ax.set_ylim(0, max(t + e for t, e in zip(tops, errors)) * 1.45)
+    first = layouts[0].get("to_train")
+    extra_lines = 0 if first is None else 1 + ("cost" in first)     # days, cost: more room above the bars
+    ax.set_ylim(0, max(t + e for t, e in zip(tops, errors)) * (1.45 + 0.1 * extra_lines))
     ax.set_ylabel("time per optimizer step (s)")
     ax.set_title("Where the step time goes (predicted, with its error)", fontsize=11)
     ax.legend(fontsize=7.5, loc="upper center", ncol=3, framealpha=0.9)
