@@ -91,15 +91,17 @@ COLUMNS = (Column("#", keep=True), Column("layout", "left", keep=True, wrap=True
 
 
 def columns_for(spec) -> tuple[Column, ...]:
-    """COLUMNS, with days (and cost, in the spec's currency) to train after the memory total when the spec says
-    training.total_tokens; they come right after it in priority."""
+    """COLUMNS, or with training.total_tokens: days (and cost, in the spec's currency) to train after the memory
+    total, then the ± that bounds them (and tokens/s), all before the other columns in priority."""
     if spec.training.total_tokens is None:
         return COLUMNS
     extra = [Column("days", priority=1)]
     if spec.cluster.gpu_hour_cost is not None:
         extra.append(Column(f"cost {spec.cluster.gpu_hour_cost.currency}", priority=1))
-    at = [c.header for c in COLUMNS].index("total GiB") + 1
-    return COLUMNS[:at] + tuple(extra) + COLUMNS[at:]
+    extra.append(Column("±", priority=1))
+    rest = [c for c in COLUMNS if c.header != "±"]
+    at = [c.header for c in rest].index("total GiB") + 1
+    return tuple(rest[:at] + extra + rest[at:])
 
 
 def render_plan(spec, result, *, width: int, wide: bool = False, style: bool = False) -> str:

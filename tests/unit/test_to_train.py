@@ -135,3 +135,11 @@ def test_days_without_a_price(tmp_path):
     text = render_plan(spec, result, width=80)
     header = next(line for line in text.splitlines() if line.startswith("#"))
     assert "days" in header and "cost" not in header
+
+
+def test_columns_follow_the_memory_total_with_their_band(tmp_path):
+    spec = load_spec(_write(tmp_path, {"total_tokens": 1e12}, {"gpu_hour_cost": {"amount": 2.5, "currency": "EUR"}}))
+    headers = [c.header for c in columns_for(spec)]
+    at = headers.index("total GiB")
+    assert headers[at + 1:at + 5] == ["days", "cost EUR", "±", "tokens/s"]
+    assert sorted(headers) == sorted([c.header for c in COLUMNS] + ["days", "cost EUR"])
