@@ -96,7 +96,8 @@ def _stack(ax, layouts: list[dict], parts: list[dict[str, float]], styles, scale
     ax.set_xticks(range(len(layouts)))
     ax.set_xticklabels([f"#{i}" + (" (chosen)" if i == 1 else "") if short_labels else layout_label(i, lay)
                         for i, lay in enumerate(layouts, 1)], fontsize=8.5)
-    ax.set_xlim(-0.6, len(layouts) - 0.4)
+    pad = max(0.0, (3 - len(layouts)) / 2)          # one or two bars keep the width of three
+    ax.set_xlim(-0.6 - pad, len(layouts) - 0.4 + pad)
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     return tops
