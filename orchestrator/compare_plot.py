@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .compare import COMPONENTS, Comparison
-from .errors import OrchError, Problem, SpecError
+from .plotting import check_plot_path, new_figure, png_bytes
 
 FIGSIZE_IN = (12.0, 9.0)
 DPI = 100
@@ -17,38 +17,17 @@ COMPONENT_STYLE = {"compute_s": ("compute", "#4c72b0"), "bubble_s": ("pipeline b
                    "exposed_comm_s": ("exposed communication", "#c44e52"), "other_s": ("other", "#8c8c8c")}
 
 
-def check_plot_path(path: str | Path) -> Path:
-    """The output path, or SpecError when it cannot be a PNG written there (checked before any work)."""
-    out = Path(path)
-    problems = []
-    if out.suffix.lower() != ".png":
-        problems.append(Problem(str(out), "the plot is a PNG image", "name the file *.png"))
-    if not out.parent.is_dir():
-        problems.append(Problem(str(out), f"directory {out.parent} does not exist", "create it first"))
-    if out.is_dir():
-        problems.append(Problem(str(out), "is a directory", "name a file"))
-    if problems:
-        raise SpecError(problems)
-    return out
-
-
 def render_plot(comparison: Comparison, path: str | Path) -> Path:
     """Draw the comparison into a PNG file at ``path``; returns the path."""
     out = check_plot_path(path)
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-        from matplotlib.figure import Figure  # noqa: PLC0415
-    except ImportError:
-        raise OrchError("--plot needs matplotlib (pip install 'orch[plot]')") from None
-    fig = Figure(figsize=FIGSIZE_IN, dpi=DPI)
-    FigureCanvasAgg(fig)
+    fig = new_figure(FIGSIZE_IN, DPI)
     grid = fig.add_gridspec(2, 2, height_ratios=(1, 1.1))
     _series(fig.add_subplot(grid[0, 0]), comparison, "step_time_s", "step time (s)")
     _series(fig.add_subplot(grid[0, 1]), comparison, "tokens_per_s", "tokens/s")
     _breakdown(fig.add_subplot(grid[1, :]), comparison)
     fig.suptitle(_title(comparison), fontsize=11)
     fig.tight_layout()
-    fig.savefig(out, format="png", dpi=DPI)
+    out.write_bytes(png_bytes(fig, DPI))
     return out
 
 

@@ -35,10 +35,10 @@ from .catalog.gpus import GPUS
 from .errors import Problem, SpecError
 from .estimate.comm import group_placement
 from .estimate.cost import CostModel
-from .estimate.params import active_layer_matrix_params
 from .estimate.plausibility import mfu_warnings
 from .estimate.precision import FP8_RECIPE
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
+from .estimate.to_train import short_amount, to_train
 from .estimate.uncertainty import plus_minus
 from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
 from .parallel_rules import rule_fp8_dims, rule_fp8_engine_gpu
@@ -104,13 +104,24 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
     fitting = _fastest_first(s for s in scored if s.within_headroom) or _fastest_first(s for s in scored if s.fits)
     if not fitting:
         raise _no_fit(spec, ctx, scored)
-    ranked = [estimate(ctx, s.layout) for s in fitting[:max(1, top_k)]]
+    ranked = [with_to_train(spec, estimate(ctx, s.layout)) for s in fitting[:max(1, top_k)]]
     best_overall = min(scored, key=lambda s: (s.step_time_s, s.total_bytes))
     warnings = headroom_warning(spec, ctx, ranked[0]) + plausibility(ctx, ranked[0])
     reasons = (explain(ctx, ranked, best_overall, len(scored), len(fitting)) + fp8_hint(spec, cost, ranked[0])
                + warnings)
     return SearchResult(chosen=ranked[0], candidates=ranked, num_considered=len(scored),
                         num_fitting=len(fitting), reasons=reasons, warnings=warnings)
+
+
+def with_to_train(spec: Spec, est: LayoutEstimate) -> LayoutEstimate:
+    """The estimate with its days and cost to train training.total_tokens (unchanged when the spec has none)."""
+    tokens = spec.training.total_tokens
+    if tokens is None:
+        return est
+    price = spec.cluster.gpu_hour_cost
+    return dataclasses.replace(est, to_train=to_train(
+        tokens, est.tokens_per_s, spec.world_size, est.uncertainty["relative_error"],
+        (price.amount, price.currency) if price is not None else None))
 
 
 def _fastest_first(scored) -> list[_Scored]:
@@ -143,8 +154,7 @@ def plausibility(ctx: EstimateContext, chosen: LayoutEstimate) -> list[str]:
     """A warning when the chosen layout's MFU beats what published runs reached on this GPU (plausibility.py)."""
     if ctx.gpu not in GPUS:
         return []
-    params = ctx.shape.num_layers * active_layer_matrix_params(ctx.shape)
-    return mfu_warnings(GPUS[ctx.gpu], ctx.precision, params, chosen.mfu)
+    return mfu_warnings(GPUS[ctx.gpu], ctx.precision, chosen.mfu)
 
 
 def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list[str]:
@@ -386,6 +396,8 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
     lines = [f"chose {describe(top)}: {top.step_time_s:.3g} s/step, {top.tokens_per_s:,.0f} tokens/s {pm}, "
              f"{top.tflops_per_gpu:.3g} TFLOP/s {pm} per GPU, MFU {top.mfu:.1%}; {fitting} of {considered} layouts fit.",
              f"uncertainty {pm} ({top.uncertainty['regime']}): {top.uncertainty['basis']}."]
+    if top.to_train is not None:
+        lines.append(to_train_line(top))
     if len(ranked) > 1:
         gap = ranked[1].step_time_s / top.step_time_s - 1
         diff = ", ".join(f"{f.name} {shown(getattr(ranked[1].layout, f.name))}" for f in dataclasses.fields(Layout)
@@ -405,6 +417,19 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
     lines.append(_time_line(top))
     lines.append(_network_line(ctx, top))
     return lines
+
+
+def to_train_line(est: LayoutEstimate) -> str:
+    """'to train 1T tokens: 12.3 days ±12% (10.8-13.8), 18,900 GPU-hours, 47.2k USD ±12% (41.6k-52.9k) at
+    2.5 USD per GPU-hour.'"""
+    t, pm = est.to_train, plus_minus(est.uncertainty)
+    line = (f"to train {short_amount(t['total_tokens'])} tokens: {t['days']:.3g} days {pm} ({t['days_low']:.3g}-"
+            f"{t['days_high']:.3g}) on {t['num_gpus']} GPUs, {t['gpu_hours']:,.0f} GPU-hours")
+    if "cost" in t:
+        c = t["cost"]
+        line += (f", {short_amount(c['amount'])} {c['currency']} {pm} ({short_amount(c['low'])}-"
+                 f"{short_amount(c['high'])}) at {c['per_gpu_hour']:g} {c['currency']} per GPU-hour")
+    return line + "."
 
 
 def _network_line(ctx: EstimateContext, est: LayoutEstimate) -> str:

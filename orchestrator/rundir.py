@@ -25,6 +25,9 @@ EXECUTABLE = {"launch_local.sh", "launch.sbatch", "launch_pdsh.sh"}
 # What every run dir holds besides the manifest; the manifest must list each (an empty list checks nothing).
 GENERATED_FILES = ("ds_config.json", "megatron_args.txt", "megatron_config.json", "launch_local.sh", "launch.sbatch",
                    "launch_pdsh.sh", "hostfile", "plan.json", "spec.resolved.yaml")
+# Written by `orch generate --plot`, kept out of the manifest: a picture's bytes follow the matplotlib release and
+# its fonts, and the manifest stays the same with or without it (the picture is drawn from plan.json, which is hashed).
+PICTURES = ("plan.png",)
 
 
 def dump_json(data) -> str:
@@ -67,10 +70,12 @@ def render_manifest(plan: Plan, files: dict[str, str]) -> str:
     })
 
 
-def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False, discard_outputs: bool = False) -> Path:
+def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False, discard_outputs: bool = False,
+                  pictures: dict[str, bytes] | None = None) -> Path:
     """Write the run dir atomically. An existing directory is refused unless ``force``; even then only a
     run dir orch generated is replaced, never while a job uses it, and never with training outputs or other
-    files in it (named in the error) unless ``discard_outputs``."""
+    files in it (named in the error) unless ``discard_outputs``. ``pictures``: PICTURES name -> PNG bytes,
+    written with the rest and left out of the manifest."""
     out = Path(out_dir)
     if out.exists() and not force:
         raise SpecError(f"{out} already exists (pass --force to replace it)", path=str(out))
@@ -85,6 +90,9 @@ def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False, disca
             path = tmp / name
             path.write_text(text)
             os.chmod(path, 0o755 if name in EXECUTABLE else 0o644)
+        for name, data in (pictures or {}).items():
+            (tmp / name).write_bytes(data)
+            os.chmod(tmp / name, 0o644)
         os.chmod(tmp, 0o755)
         if force and out.exists():
             _replace(tmp, out, discard_outputs=discard_outputs)
@@ -115,7 +123,7 @@ def _replace(tmp: Path, out: Path, *, discard_outputs: bool) -> None:
     with locked(out, f"{out} is in use by a running job or another orch command; --force will not replace it "
                      f"(see `orch status {out}`)"):
         extra = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
-                       if p.name not in (*GENERATED_FILES, MANIFEST, LOCK_FILE))
+                       if p.name not in (*GENERATED_FILES, *PICTURES, MANIFEST, LOCK_FILE))
         if extra and not discard_outputs:
             raise SpecError(Problem(str(out), "--force would delete what orch did not generate: " + ", ".join(extra),
                                     "add --discard-outputs to delete them too, or generate into a new directory"))

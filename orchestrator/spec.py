@@ -45,6 +45,9 @@ MAX_STEPS = 10 ** 9                # train_iters, warm-up, checkpoint interval
 MAX_SEED = 2 ** 32 - 1             # numpy's seed range (torch's is wider)
 MAX_SLURM_SIGNAL_S = 65535         # sbatch --signal: sig_time must lie in 0..65535
 SLURM_TIME_PATTERN = r"([0-9]{1,3}-([01]?[0-9]|2[0-3])|[0-9]{1,3}):[0-5][0-9]:[0-5][0-9]"  # ASCII digits only
+MAX_TOTAL_TOKENS = 1e18            # the largest published pre-training runs read ~10^13 tokens
+MAX_GPU_HOUR_COST = 1e6            # per GPU-hour, in any currency: cloud list prices are ~10^0-10^1 USD
+CURRENCY_PATTERN = r"[A-Z]{3}"     # ISO 4217
 WANDB_NAME_PATTERN = r"[^/\\#?%:]{1,128}"   # W&B refuses these characters in project and entity names
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
@@ -104,6 +107,15 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GpuHourCostSpec:
+    """What one GPU-hour costs: the plan shows each layout's cost to train training.total_tokens."""
+
+    amount: float = spec_field(doc="price of one GPU-hour, in currency", exclusive_minimum=0, maximum=MAX_GPU_HOUR_COST)
+    currency: str = spec_field(doc="ISO 4217 currency code, e.g. USD, EUR", pattern=CURRENCY_PATTERN,
+                               pattern_hint="write a 3-letter ISO 4217 code in capitals, e.g. USD or EUR")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     """Where the job runs: nodes x GPUs of one catalog type, optionally with measured bandwidths."""
 
@@ -118,6 +130,9 @@ class ClusterSpec:
     host_memory_GiB: Optional[float] = spec_field(
         None, doc="host memory per node that offload may use (GiB); default: 64 GiB per GPU (half of a DGX "
         "A100's 1 TiB over 8 GPUs), and on gpu cpu 8 GiB per process", exclusive_minimum=0)
+    gpu_hour_cost: Optional[GpuHourCostSpec] = spec_field(
+        None, doc="price per GPU-hour {amount, currency}: the plan shows each layout's cost to train "
+        "training.total_tokens", omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,6 +184,9 @@ class TrainingSpec:
     checkpoint: CheckpointSpec = spec_field(default_factory=CheckpointSpec, doc="checkpointing")
     seed: int = spec_field(1234, doc="random seed (data and initialisation)", minimum=0,
                       maximum=MAX_SEED)
+    total_tokens: Optional[float] = spec_field(
+        None, doc="tokens to train: the plan shows each layout's days (and, with cluster.gpu_hour_cost, cost) "
+        "to train them", exclusive_minimum=0, maximum=MAX_TOTAL_TOKENS, omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)

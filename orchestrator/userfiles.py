@@ -8,6 +8,7 @@ The limits are far above any real spec (a spec is a few KiB, a dozen levels deep
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,10 @@ def _make_loader():
                     seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+    # YAML 1.2 reads 1e12 and 1.0e12 as numbers; PyYAML's 1.1 resolver wants a dot and a signed exponent and
+    # would make them strings (SPEC.md writes training.total_tokens: 1.0e12).
+    BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+        r"^[-+]?([0-9][0-9_]*(\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
     return BoundedLoader
 
 

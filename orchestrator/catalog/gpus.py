@@ -35,11 +35,10 @@ dimension and sequence length (catalog/attention.py: FlashAttention-2, flash-att
 ``fp8_training``: FP8 tensor cores that Megatron-Core trains on through Transformer Engine's FP8 recipes
 (Hopper: H100, H200; Blackwell: B200). TE also runs FP8 on Ada (L40S), but orch plans FP8 for the
 training parts only.
-``published_mfu`` lists published model-FLOPs utilisations of 16-bit (bf16/fp16) dense transformer training on
-this part as (model parameters, MFU), with ``published_mfu_source``. A bigger model has bigger GEMMs and
-reaches at least the efficiency of a smaller one, so the best MFU published for a model at least as big as
-the one planned bounds what the plan may claim (orchestrator/estimate/plausibility.py); a plan above it is
-flagged, never clamped. Left empty where no figure was checked (a run there gets no such check).
+``published_mfu`` lists published model-FLOPs utilisations of 16-bit (bf16/fp16) training on this part as
+(model parameters, MFU), with ``published_mfu_source``: the best of them, at a margin, bounds what a plan may
+claim (orchestrator/estimate/plausibility.py); a plan above it is flagged, never clamped. Left empty where no
+figure was checked (a run there gets no such check).
 """
 from __future__ import annotations
 
@@ -103,10 +102,13 @@ _A100_MFU_SRC = ("MosaicML llm-foundry scripts/train/benchmarking/README.md, 'A1
                  "interconnect' at seq 2048 (MPT 7B 64.23%, 13B 59.57%, 30B 55.3%, 70B 53.33%); Megatron-LM "
                  "README (commit 2e90a342f5, 2022-05-19, Selene A100-80GB, data-parallel size 1; Korthikanti et "
                  "al. 2022, arXiv 2205.05198): 175B 51.4%, 530B 56.0%, 1T 56.3%")
-_H100_MFU = ((6.66e9, 0.4644), (64.86e9, 0.4336), (462e9, 0.48))
-_H100_MFU_SRC = ("MosaicML llm-foundry scripts/train/benchmarking/README.md, 'H100 80GB BF16' (MPT 7B 46.44% on 8 "
-                 "GPUs, 70B 43.36% on 128); Megatron-LM README (commit 937571cfd4, 2024-07-15): weak-scaled GPT "
-                 "runs up to 462B reach 47-48% MFU with DP, TP and PP communication overlapped")
+# In orch's own FLOP count (estimate/flops.py): each run's tokens/s per GPU times orch's model FLOPs per token over
+# the 989.4 TF bf16 peak; tests/unit/test_plausibility.py recomputes them from tests/data/published-moe-cp-fp8.json.
+_H100_MFU = ((1.7e9, 0.413), (6.66e9, 0.4644), (7.1e9, 0.471), (16e9, 0.494), (32e9, 0.465), (64.86e9, 0.4336),
+             (70e9, 0.424), (119e9, 0.425), (177e9, 0.437), (314e9, 0.480), (462e9, 0.465))
+_H100_MFU_SRC = ("Megatron-LM README model table (commit 937571cfd4, 2024-07-15: GPT 1.7B-462B on 48-6144 H100; best "
+                 "16B, 489.1 TFLOP/s = 49.4% in orch's FLOP count); MosaicML llm-foundry "
+                 "scripts/train/benchmarking/README.md, 'H100 80GB BF16' (MPT 7B 46.44%, 70B 43.36%)")
 
 _MAMF_SRC = ("MAMF from S. Bekman, 'Machine Learning Engineering', compute/accelerator/README.md, "
              "'Maximum Achievable Matmul FLOPS comparison table' (bf16, mamf-finder.py): A100 SXM 271.2/312 "

@@ -35,7 +35,7 @@ def command(sources, as_json: bool, plot_path: str | None, warmup: int | None, w
     from ..compare import compare
 
     if plot_path:
-        from ..compare_plot import check_plot_path
+        from ..plotting import check_plot_path
 
         check_plot_path(plot_path)
     result = compare(list(sources), warmup=warmup)

@@ -20,8 +20,10 @@ from .table import plural
               help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
 @click.option("--measured", "measured_path", type=click.Path(dir_okay=False),
               help="doctor.json from `orch doctor`: measured bandwidths, latency and GEMM rate replace the catalog's.")
+@click.option("--plot", is_flag=True, help="Also save plan.png in the run dir: where the top candidates' step time "
+              "and memory go (as `orch plan --plot`; not in manifest.json; needs pip install 'orch[plot]').")
 def command(spec_path: str, out_dir: str, force: bool, discard_outputs: bool, top_k: int,
-            calibration_path: str | None, measured_path: str | None) -> None:
+            calibration_path: str | None, measured_path: str | None, plot: bool) -> None:
     """Write the run dir for SPEC: ds_config.json, megatron_args.txt, megatron_config.json, launch
     scripts (local, SLURM, pdsh), hostfile, plan.json, spec.resolved.yaml and manifest.json.
 
@@ -34,12 +36,21 @@ def command(spec_path: str, out_dir: str, force: bool, discard_outputs: bool, to
     from ..spec import load_spec
     from .plan import calibrated_cost
 
+    if discard_outputs and not force:
+        raise click.UsageError("--discard-outputs only makes sense with --force")
+    if plot:
+        from ..plotting import require_matplotlib
+
+        require_matplotlib()
     spec = load_spec(spec_path)
     cost, measured = calibrated_cost(calibration_path, spec, measured_path)
     plan = build_plan(spec, top_k=top_k, cost=cost, measured=measured)
-    if discard_outputs and not force:
-        raise click.UsageError("--discard-outputs only makes sense with --force")
-    out = write_run_dir(plan, out_dir, force=force, discard_outputs=discard_outputs)
+    pictures = None
+    if plot:
+        from ..plan_plot import plan_title, render_plan_png
+
+        pictures = {"plan.png": render_plan_png(plan.plan_record(), plan_title(spec))}
+    out = write_run_dir(plan, out_dir, force=force, discard_outputs=discard_outputs, pictures=pictures)
     lay = plan.layout
     click.echo(f"wrote {out}  ({lay.tag()}, world size {plan.world_size}, "
                f"{plural(plan.grad_accum_steps, 'micro-batch', 'micro-batches')}/step, "

@@ -23,8 +23,11 @@ GiB = 2**30
               help="calib.json from `orch calibrate`: plan with the cost-model terms fitted to measured runs.")
 @click.option("--measured", "measured_path", type=click.Path(dir_okay=False),
               help="doctor.json from `orch doctor`: measured bandwidths, latency and GEMM rate replace the catalog's.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), metavar="FILE.png",
+              help="Also draw the top candidates (up to 5) into a PNG: where the step time and the memory go "
+                   "(needs matplotlib: pip install 'orch[plot]').")
 def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_path: str | None,
-            measured_path: str | None) -> None:
+            measured_path: str | None, plot_path: str | None) -> None:
     """Search the parallel layouts SPEC leaves open (tp, pp, vpp, dp, ZeRO stage, micro-batch,
     recompute, sequence parallel, offload), drop those that break a rule or do not fit in GPU memory,
     and rank the rest by predicted step time. Prints the top layouts with their memory breakdown, bubble,
@@ -36,9 +39,19 @@ def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_p
     from ..planner import search
     from ..spec import load_spec
 
+    if plot_path is not None:
+        from ..plotting import check_plot_path, require_matplotlib
+
+        check_plot_path(plot_path)
+        require_matplotlib()
     spec = load_spec(spec_path)
     cost, measured = calibrated_cost(calibration_path, spec, measured_path)
     result = search(spec, top_k=top_k, cost=cost)
+    if plot_path is not None:
+        from ..plan_plot import plan_title, write_plan_png
+
+        write_plan_png(result.to_dict(), plan_title(spec), plot_path)
+        click.echo(f"wrote {plot_path}", err=True)
     if as_json:
         click.echo(json.dumps({**result.to_dict(), **({"measured": measured} if measured else {})},
                               sort_keys=True, indent=2))
@@ -77,12 +90,27 @@ COLUMNS = (Column("#", keep=True), Column("layout", "left", keep=True, wrap=True
            Column("grads", priority=13), Column("optim", priority=14), Column("other", priority=15))
 
 
+def columns_for(spec) -> tuple[Column, ...]:
+    """COLUMNS, or with training.total_tokens: days (and cost, in the spec's currency) to train after the memory
+    total, then the ± that bounds them (and tokens/s), all before the other columns in priority."""
+    if spec.training.total_tokens is None:
+        return COLUMNS
+    extra = [Column("days", priority=1)]
+    if spec.cluster.gpu_hour_cost is not None:
+        extra.append(Column(f"cost {spec.cluster.gpu_hour_cost.currency}", priority=1))
+    extra.append(Column("±", priority=1))
+    rest = [c for c in COLUMNS if c.header != "±"]
+    at = [c.header for c in rest].index("total GiB") + 1
+    return tuple(rest[:at] + extra + rest[at:])
+
+
 def render_plan(spec, result, *, width: int, wide: bool = False, style: bool = False) -> str:
     """The ranked candidates (memory in GiB per GPU, exposed communication in s/step) and the why-lines."""
     title = (f"{spec.name}: {spec.world_size} x {spec.cluster.gpu}, global batch {spec.training.global_batch_size}"
              f" x {spec.model.seq_length} tokens; {result.num_fitting} of {result.num_considered} layouts fit")
-    rows = [_row(rank, est) for rank, est in enumerate(result.candidates, 1)]
-    table = render_table(COLUMNS, rows, width=width, wide=wide, title=title, style=style)
+    columns = columns_for(spec)
+    rows = [_row(rank, est, columns) for rank, est in enumerate(result.candidates, 1)]
+    table = render_table(columns, rows, width=width, wide=wide, title=title, style=style)
     lines = [table.text]
     if table.hidden:
         lines.append(hidden_note(table.hidden, width))
@@ -91,7 +119,8 @@ def render_plan(spec, result, *, width: int, wide: bool = False, style: bool = F
     return "\n".join(lines)
 
 
-def _row(rank: int, est) -> list[str]:
+def _row(rank: int, est, columns=COLUMNS) -> list[str]:
+    from ..estimate.to_train import short_amount
     from ..estimate.uncertainty import plus_minus
 
     lay, mem, comm = est.layout, est.memory, est.comm
@@ -105,4 +134,8 @@ def _row(rank: int, est) -> list[str]:
              "PP s": f"{comm.pp_exposed_s:.2f}", "DP s": f"{comm.dp_exposed_s:.2f}",
              "step s": f"{est.step_time_s:.3g}", "tokens/s": f"{est.tokens_per_s:,.0f}",
              "±": plus_minus(est.uncertainty), "TFLOP/s": f"{est.tflops_per_gpu:.3g}", "MFU": f"{est.mfu:.1%}"}
-    return [cells[c.header] for c in COLUMNS]
+    if est.to_train is not None:
+        cells["days"] = f"{est.to_train['days']:.3g}"
+        if "cost" in est.to_train:
+            cells[f"cost {est.to_train['cost']['currency']}"] = short_amount(est.to_train["cost"]["amount"])
+    return [cells[c.header] for c in columns]

@@ -1,39 +1,37 @@
-"""Is a predicted MFU plausible? A bound from what published runs reached on the same GPU.
+"""Is a predicted MFU plausible? A bound from the best 16-bit run published on the same GPU, at a margin.
 
-The catalog lists, per GPU, published 16-bit training runs as (model parameters, MFU) with their source
-(``GpuSpec.published_mfu``). A larger model has larger GEMMs and so reaches at least the efficiency of a
-smaller one on the same part; the best MFU published for any model at least as large as the planned one
-therefore bounds what the plan can honestly claim. A chosen layout predicted above it gets a warning that
-names the bound and its source: the cost model is then likely optimistic for that layout (and a short
-calibration run, `orch calibrate`, is the way to know). Nothing is clamped: the prediction stays as it is.
-
-Only bf16/fp16 plans are checked (the published figures are 16-bit; FP8 MFU is counted against another peak).
+The bound is the best MFU in ``GpuSpec.published_mfu`` (any model size: the published tables are not monotonic
+in size) times ``1 + MFU_MARGIN``; a chosen layout above it gets a warning naming the bound and its source.
+Nothing is clamped. Only bf16/fp16 plans are checked; docs/plan-picture-and-cost.md gives the reasoning.
 """
 from __future__ import annotations
 
 from ..catalog.gpus import GpuSpec
 
 CHECKED_PRECISIONS = ("bf16", "fp16")
+# Published figures lag the software: Megatron-Core's Mixtral 8x7B bf16 rate rose 438 -> 468 TFLOP/s per GPU
+# (+7%) from MCore v0.8 to v0.9 (2024-08-02 -> 2024-11-21, megatron/core/transformer/moe/README.md), and
+# NVIDIA's later 2024 recipes are reported in the low-to-mid 50s for 70B-405B on H100 (orch holds no such row),
+# where the best table orch holds (Megatron-LM, 2024-07-15) reaches 49.4%. 12% above the best published figure
+# covers that and still flags what no release has come near (set 2026-12-01 from tests/data/*.json).
+MFU_MARGIN = 0.12
 
 
-def mfu_bound(gpu: GpuSpec, model_params: float) -> tuple[float, float] | None:
-    """(best published MFU, size of the model that reached it) over runs of at least ``model_params`` on
-    ``gpu``; the largest published run's figure when the model is bigger than all of them; None if none."""
-    runs = sorted(gpu.published_mfu)
-    if not runs:
+def mfu_bound(gpu: GpuSpec) -> tuple[float, float, float] | None:
+    """(bound, best published MFU, size of the model that reached it) on ``gpu``; None without published figures."""
+    if not gpu.published_mfu:
         return None
-    larger = [r for r in runs if r[0] >= model_params] or runs[-1:]
-    size, mfu = max(larger, key=lambda r: r[1])
-    return mfu, size
+    size, best = max(gpu.published_mfu, key=lambda r: (r[1], -r[0]))
+    return best * (1 + MFU_MARGIN), best, size
 
 
-def mfu_warnings(gpu: GpuSpec, precision: str, model_params: float, mfu: float) -> list[str]:
-    """One warning line when ``mfu`` exceeds the published bound for this GPU and model size, else none."""
-    bound = mfu_bound(gpu, model_params) if precision in CHECKED_PRECISIONS else None
+def mfu_warnings(gpu: GpuSpec, precision: str, mfu: float) -> list[str]:
+    """One warning line when ``mfu`` exceeds the bound for this GPU, else none."""
+    bound = mfu_bound(gpu) if precision in CHECKED_PRECISIONS else None
     if bound is None or mfu <= bound[0]:
         return []
-    best, size = bound
-    return [f"warning: implausible prediction: MFU {mfu:.1%} exceeds {best:.1%}, the best published on {gpu.name} "
-            f"for a model of {model_params / 1e9:.3g}B parameters or more (a {size / 1e9:.3g}B run; "
-            f"{gpu.published_mfu_source}); the cost model is likely optimistic for this layout: measure it "
-            f"(orch calibrate) before relying on its ranking."]
+    limit, best, size = bound
+    return [f"warning: implausible prediction: MFU {mfu:.1%} exceeds {limit:.1%}, {MFU_MARGIN:.0%} above the best "
+            f"published 16-bit MFU on {gpu.name} ({best:.1%}, a {size / 1e9:.3g}B run; {gpu.published_mfu_source}); "
+            f"the cost model is likely optimistic for this layout: measure it (orch calibrate) before relying on "
+            f"its ranking."]

@@ -139,6 +139,7 @@ class LayoutEstimate:
     comm: CommEstimate
     breakdown: StepBreakdown
     uncertainty: dict          # expected relative error of tokens_per_s, its regime and basis (uncertainty.py)
+    to_train: dict | None = None   # days and cost to train training.total_tokens (to_train.py), when the spec says
 
     @property
     def grad_accum_steps(self) -> int:
@@ -166,7 +167,7 @@ class LayoutEstimate:
             "hfu": self.hfu, "bubble_fraction": self.bubble_fraction, "comm": self.comm.to_dict(),
             "breakdown": {k: float(v) for k, v in vars(self.breakdown).items()},
             "uncertainty": dict(self.uncertainty),
-        }
+        } | ({"to_train": dict(self.to_train)} if self.to_train is not None else {})
 
 
 def estimate_layout(spec: Spec, layout: Layout, cost: CostModel | None = None) -> LayoutEstimate:

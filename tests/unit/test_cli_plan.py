@@ -49,8 +49,8 @@ def test_plan_json_matches_spec_md(name, capsys):
 
 
 def test_plan_json_puts_the_plausibility_warning_on_stderr(capsys):
-    # gpt3-1.7b on 32 A100s is planned above the best MFU published on A100 (estimate/plausibility.py)
-    code, out, err = run_cli(["plan", str(EXAMPLES / "gpt3-1.7b-32xa100.yaml"), "--json"], capsys)
+    # llama3-8b on 64 H100s is planned above the best MFU published on H100, at its margin (estimate/plausibility.py)
+    code, out, err = run_cli(["plan", str(EXAMPLES / "llama3-8b-64xh100.yaml"), "--json"], capsys)
     assert code == 0 and set(json.loads(out)) == {"chosen", "candidates"}
     assert "warning: implausible prediction: MFU" in err
 
