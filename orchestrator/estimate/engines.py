@@ -50,7 +50,7 @@ partition_parameters.py):
 The number of gathers is the same in every release for a GPT layer (biases and norms stay resident below
 the persistence threshold, 1e5 elements then), and so is the reuse rule that keeps a module gathered from
 its recomputed forward to its backward (stage3_max_reuse_distance, 1e9 elements by default since 0.3.12).
-A spec predicts DeepSpeed ``DEEPSPEED_VERSION``; only published runs say otherwise (``orchestrator/published.py``).
+A spec predicts DeepSpeed ``DEEPSPEED_VERSION``; only published runs say otherwise (``tests/published.py``).
 """
 from __future__ import annotations
 

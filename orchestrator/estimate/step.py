@@ -75,10 +75,10 @@ class EstimateContext:
            distribute_saved_activations: bool = False, dropout: float = 0.0,
            loss: str | None = None, shape_fields: dict | None = None) -> "EstimateContext":
         """``dropout``: the hidden/attention dropout probability the run trains with (ModelShape.dropout); orch
-        trains without (0), a published run states its own (published.py case_dropout). ``loss``: the cross
+        trains without (0), a published run states its own (tests/published.py case_dropout). ``loss``: the cross
         entropy implementation (ModelShape.loss); None: what orch's engine trains with (:func:`default_loss`).
         ``shape_fields``: ModelShape fields a published run states that a spec cannot (attention, fused_rope,
-        glu_clamp, recompute_modules, router_force_balance, layer_impl, eager_norm; orch's runs state none; published_layouts.py layout_case_shape_fields, published.py
+        glu_clamp, recompute_modules, router_force_balance, layer_impl, eager_norm; orch's runs state none; tests/published_layouts.py layout_case_shape_fields, tests/published.py
         case_shape_fields)."""
         cost = cost or CostModel()
         c = spec.cluster

@@ -101,7 +101,7 @@ def test_stage_times_closed_form():
 
 def test_uneven_split_step_time_follows_the_slowest_stage():
     """BLOOM-176B's 5 + 10x6 + 5 on pp = 12: the pipeline term is m*(t_slowest + x) + (p-1)*(t_mean + x)."""
-    from orchestrator.published import BLOOM_176B, throughput_spec
+    from tests.published import BLOOM_176B, throughput_spec
 
     spec = throughput_spec(BLOOM_176B)
     lay = Layout(tp=4, pp=12, vpp=1, dp=8, zero_stage=1, micro_batch_size=2, sequence_parallel=False,

@@ -10,7 +10,7 @@ from orchestrator.estimate.activations import estimate_activations, logits_bytes
 from orchestrator.estimate.compute import head_time_s
 from orchestrator.estimate.params import ModelShape
 from orchestrator.estimate.step import EstimateContext
-from orchestrator.published import EXTRA_CASES, MPT_FSDP, case_loss, published_estimate, throughput_spec
+from tests.published import EXTRA_CASES, MPT_FSDP, case_loss, published_estimate, throughput_spec
 from orchestrator.spec import parse_spec
 
 MPT_3B = ModelShape(num_layers=32, hidden_size=2560, num_attention_heads=20, num_query_groups=20,

@@ -159,7 +159,7 @@ def test_fixed_split_constrains_every_pipeline_degree():
 
 
 def test_bloom_plans_its_published_uneven_split():
-    from orchestrator.published import BLOOM_176B, throughput_spec
+    from tests.published import BLOOM_176B, throughput_spec
 
     chosen = search(throughput_spec(BLOOM_176B), top_k=1).chosen
     assert chosen.layout.tag() == "tp4-pp12-f5l5-dp8-z1-mb2" and chosen.fits
