@@ -37,7 +37,7 @@ from orchestrator.estimate.uncertainty import REGIMES  # noqa: E402
 from orchestrator.plan import build_plan  # noqa: E402
 from tests.published import (EXTRA_CASES, case_dropout, case_loss, case_regime, case_shape_fields,  # noqa: E402
                                     load_cases, published_estimate, published_step_s, throughput_spec)
-from orchestrator.spec import parse_spec  # noqa: E402
+from orchestrator.spec_loader import parse_spec  # noqa: E402
 from orchestrator.stages import stage_split  # noqa: E402
 
 CASES = ROOT / "tests" / "data" / "published-cases.json"

@@ -40,8 +40,9 @@ from .estimate.plausibility import mfu_warnings
 from .estimate.precision import FP8_RECIPE
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
 from .estimate.uncertainty import plus_minus
-from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
+from .layout import FIELD_PATHS, Layout, engine_of, layout_from_spec
 from .parallel_rules import rule_fp8_dims, rule_fp8_engine_gpu
+from .rules import check_layout
 from .spec import ParallelismSpec, Spec
 from .stages import accounted_split, balanced_split, split_issues, stage_split
 

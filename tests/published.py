@@ -68,7 +68,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrator.spec import Spec, parse_spec
+from orchestrator.spec import Spec
+from orchestrator.spec_loader import parse_spec
 from orchestrator.stages import balanced_split
 
 # Micro-batch sizes tried for a published layout that does not state one: the powers of two the paper's

@@ -46,7 +46,8 @@ from pathlib import Path
 
 from orchestrator.estimate.params import ModelShape, MoEShape
 from orchestrator.estimate.precision import FP8_RECIPE
-from orchestrator.spec import Spec, parse_spec
+from orchestrator.spec import Spec
+from orchestrator.spec_loader import parse_spec
 from orchestrator.stages import accounted_split, balanced_split
 
 GPUS_PER_NODE = 8

@@ -34,7 +34,7 @@ def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_p
     precision, or no layout fits (the error says what is closest and what would make it fit).
     """
     from ..planner import search
-    from ..spec import load_spec
+    from ..spec_loader import load_spec
 
     spec = load_spec(spec_path)
     cost, measured = calibrated_cost(calibration_path, spec, measured_path)

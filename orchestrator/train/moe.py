@@ -46,6 +46,7 @@ from deepspeed.moe.layer import MoE as DeepSpeedMoE
 from torch import nn
 
 from .alltoall import all_to_all, exchange
+from .mlp import MLP
 
 
 @dataclass(frozen=True)
@@ -221,8 +222,6 @@ class ExpertParallelMoE(DeepSpeedMoE):
     def __init__(self, m, *, ep_size: int = 1, layer_index: int = 0, seed: int = 0,
                  residual_std: float = 0.02, stats: MoEStats | None = None):
         """``m``: the spec's ``model`` section (with ``moe``)."""
-        from .model import MLP  # noqa: PLC0415
-
         nn.Module.__init__(self)
         shape = moe_shape(m)
         if shape.num_experts % ep_size:

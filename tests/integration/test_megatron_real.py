@@ -70,7 +70,7 @@ def plan_of(case: str):
         return build_plan(layout_case_spec(pub), top_k=1)
     if case.startswith("example:"):
         from orchestrator.plan import build_plan
-        from orchestrator.spec import load_spec
+        from orchestrator.spec_loader import load_spec
 
         return build_plan(load_spec(EXAMPLES / f"{case.split(':', 1)[1]}.yaml"))
     return fixed_plan(spec_data(**FIXED[case]))

@@ -13,7 +13,7 @@ from orchestrator.estimate.params import ModelShape
 from orchestrator.estimate.step import EstimateContext
 from tests.published import (EXTRA_CASES, MPT_FSDP, MPT_SHAPES, TORCHTITAN_FSDP, case_attention,
                                     published_estimate)
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 A100 = "a100-80gb"
 

@@ -10,7 +10,7 @@ from orchestrator.estimate.engines import ds_bf16_optimizer, ds_pipeline_reduces
 from orchestrator.estimate.step import EstimateContext, estimate
 from orchestrator.layout import Layout
 from tests.published import MT_NLG_530B, published_estimate
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 
 def _spec(engine: str):

@@ -8,7 +8,7 @@ import pytest
 from orchestrator.errors import SpecError
 from orchestrator.estimate import CostModel, estimate_layout
 from orchestrator.layout import Layout
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 SPEC = parse_spec({"name": "s", "model": {"preset": "gpt3-7.5b"},
                    "cluster": {"gpu": "a100-80gb", "num_nodes": 8, "gpus_per_node": 8},

@@ -5,9 +5,10 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.estimate import estimate_layout
-from orchestrator.layout import check_layout, layout_from_spec
+from orchestrator.layout import layout_from_spec
+from orchestrator.rules import check_layout
 from orchestrator.planner import NoFitError, enumerate_layouts, search
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 
 def spec(preset="gpt3-7.5b", gpu="a100-80gb", nodes=2, batch=128, **par):

@@ -5,7 +5,7 @@ from orchestrator.catalog.gpus import GPUS
 from orchestrator.estimate.cost import CostModel
 from orchestrator.estimate.plausibility import mfu_bound, mfu_warnings
 from orchestrator.planner import search
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 A100 = GPUS["a100-80gb"]
 
