@@ -10,10 +10,10 @@ the planner's own choice with every field open, and the mean absolute error (tar
 Table 1 gives no iteration times; the implied one (eq. 3 FLOPs / (published TFLOP/s x GPUs)) is printed.
 
 Then, labelled "not in the reference file" and outside the error statistics, published runs from
-:data:`orchestrator.published.EXTRA_CASES` (BLOOM-176B: 70 layers on pp 12, an uneven 5 + 10 x 6 + 5
+:data:`tests.published.EXTRA_CASES` (BLOOM-176B: 70 layers on pp 12, an uneven 5 + 10 x 6 + 5
 split; MT-NLG 530B; Table 2's 530B ZeRO-3 rows; GPT-NeoX-20B), predicted the same way without tuning anything;
 the error is that of the step time the published TFLOP/s imply in the source's own FLOPs convention
-(orchestrator.published.published_step_s).
+(tests.published.published_step_s).
 
 Last, the error of tokens/s per regime (orchestrator.estimate.uncertainty.REGIMES) over every throughput
 run: all of the reference file (Table 1, the Table 2 ZeRO-3 rows, ...), the extra published runs and the
@@ -35,9 +35,9 @@ from orchestrator.estimate.flops import narayanan_flops  # noqa: E402
 from orchestrator.planner import search  # noqa: E402
 from orchestrator.estimate.uncertainty import REGIMES  # noqa: E402
 from orchestrator.plan import build_plan  # noqa: E402
-from orchestrator.published import (EXTRA_CASES, case_dropout, case_loss, case_regime, case_shape_fields,  # noqa: E402
+from tests.published import (EXTRA_CASES, case_dropout, case_loss, case_regime, case_shape_fields,  # noqa: E402
                                     load_cases, published_estimate, published_step_s, throughput_spec)
-from orchestrator.spec import parse_spec  # noqa: E402
+from orchestrator.spec_loader import parse_spec  # noqa: E402
 from orchestrator.stages import stage_split  # noqa: E402
 
 CASES = ROOT / "tests" / "data" / "published-cases.json"
@@ -108,7 +108,7 @@ def measured_rows() -> list[dict]:
 def layout_case_rows() -> list[dict]:
     """Published MoE / context-parallel / FP8 H100 runs (tests/data/published-moe-cp-fp8.json), planned
     with their layouts fixed as published (and their EP overlap as run); the regime is the chosen layout's."""
-    from orchestrator.published_layouts import load_layout_cases, predicted_layout  # noqa: PLC0415
+    from tests.published_layouts import load_layout_cases, predicted_layout  # noqa: PLC0415
 
     rows = []
     for case in load_layout_cases(LAYOUT_CASES):

@@ -43,7 +43,8 @@ QUANTITIES = ("compute_s", "dp_reduction_s", "step_time_s")
 def make_run_dir(out: Path, parallelism: dict, steps: int) -> Path:
     from orchestrator.plan import build_plan
     from orchestrator.rundir import write_run_dir
-    from orchestrator.spec import parse_spec, read_spec_data
+    from orchestrator.spec import read_spec_data
+    from orchestrator.spec_loader import parse_spec
 
     data = read_spec_data(SPEC)
     data["parallelism"].update(parallelism)

@@ -27,7 +27,7 @@ def _work(kind: str, start, out) -> None:
         a, b = torch.randn(512, 256), torch.randn(256, 1024)      # mb 4 x seq 128 tokens, hidden 256, 4h
         unit, fn = 2 * 512 * 256 * 1024 / 1e9, lambda: torch.matmul(a, b)
     elif kind == "model":                                          # orch's trainer: tiny-gpt, mb 4, fwd + bwd
-        from orchestrator.spec import parse_spec
+        from orchestrator.spec_loader import parse_spec
         from orchestrator.train.model import GPT
         spec = parse_spec({"name": "t", "model": {"preset": "tiny-gpt"}, "cluster": {"gpu": "cpu"},
                            "training": {"global_batch_size": 8, "train_iters": 1}, "data": {"synthetic": True}})

@@ -3,7 +3,7 @@ in units of the predicted pipeline fill and drain (printed only; nothing is fitt
 
     .venv/bin/python benchmarks/ds_pipeline_gap.py
 
-For each published DeepSpeed pipeline run of :data:`orchestrator.published.EXTRA_CASES` it prints the published
+For each published DeepSpeed pipeline run of :data:`tests.published.EXTRA_CASES` it prints the published
 step (the stated iteration time, or the one its per-GPU throughput implies with benchmarks/accuracy.py's FLOP
 count: ``published.published_step_s``, which counts GPT-NeoX's and GLM-130B's FLOPs as their sources do), the
 predicted step, the gap, and the gap over the predicted fill and drain (``breakdown.bubble_s``). For runs of one
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.published import EXTRA_CASES, published_estimate, published_step_s  # noqa: E402
+from tests.published import EXTRA_CASES, published_estimate, published_step_s  # noqa: E402
 
 
 def gap_rows() -> list[dict]:

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.published_layouts import load_layout_cases, predicted_layout  # noqa: E402
+from tests.published_layouts import load_layout_cases, predicted_layout  # noqa: E402
 
 CASES = ROOT / "tests" / "data" / "published-moe-cp-fp8.json"
 

@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.estimate.moe import moe_block_s  # noqa: E402
 from orchestrator.estimate.precision import fp8_gemm_hardware  # noqa: E402
 from orchestrator.estimate.step import EstimateContext  # noqa: E402
-from orchestrator.published_layouts import moe_layer_case_shape  # noqa: E402
-from orchestrator.spec import parse_spec  # noqa: E402
+from tests.published_layouts import moe_layer_case_shape  # noqa: E402
+from orchestrator.spec_loader import parse_spec  # noqa: E402
 
 CASES = ROOT / "tests" / "data" / "megatron-moe-perf-h100.json"
 GPU = "h100-sxm"

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.estimate.layer import LayerKey, rank_layer  # noqa: E402
 from orchestrator.estimate.moe import moe_host_s  # noqa: E402
 from orchestrator.estimate.step import EstimateContext  # noqa: E402
-from orchestrator.published_layouts import (case_fp8_recipe, layout_case_spec, load_layout_cases,  # noqa: E402
+from tests.published_layouts import (case_fp8_recipe, layout_case_spec, load_layout_cases,  # noqa: E402
                                             predicted_layout)
 
 CASES = ROOT / "tests" / "data" / "published-moe-cp-fp8.json"

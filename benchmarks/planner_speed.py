@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.cold import cold_search  # noqa: E402
-from orchestrator.spec import parse_spec  # noqa: E402
+from orchestrator.spec_loader import parse_spec  # noqa: E402
 
 RUNS = 5
 TARGET_S = 2.0

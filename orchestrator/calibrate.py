@@ -3,42 +3,7 @@
 ``calibrate(sources, warmup=None) -> Calibration``; ``write_calibration(cal, path)`` writes calib.json;
 ``load_calibration(path) -> CalibrationFile`` reads it back, validated, and ``.cost_for(spec)`` gives the
 :class:`~orchestrator.estimate.cost.CostModel` that ``orch plan/generate --calibration`` plan with.
-
-**What is measured** (per run, medians over the steps after warm-up, the rule of ``orch compare``):
-
-- ``compute_s``: the record's ``compute_time_s`` (busy time in forward, backward and the optimizer step,
-  collectives excluded), against the estimate's compute + optimizer (+ offload) time;
-- ``dp_reduction_s``: ``allreduce_time_s`` (time in data-parallel gradient reductions), against the cost
-  model's time for the same reductions alone: one reduce-scatter time per ring pass, 2 passes for ZeRO-0's
-  all-reduce, 1 for ZeRO-1, one per micro-batch for ZeRO-2 and -3 (``estimate/comm.py`` counts them so);
-  only runs with dp > 1;
-- ``step_time_s``, against the estimated step time.
-
-**What is fitted** (CostModel fields), each only when the runs can tell it apart from the others:
-
-- ``matmul_efficiency`` and ``attention_efficiency``, the achieved fraction of peak FLOP/s: ONE factor on
-  the catalog's figures for the GPU (their ratio is kept), always;
-- ``kernel_gap_s``, the fixed cost per kernel (launch and tail; on CPU the framework's per-operator
-  overhead): when the runs use at least two micro-batch sizes, which separates a per-kernel cost from a
-  per-FLOP one;
-- ``intra_node_efficiency`` / ``inter_node_efficiency``, the effective bus bandwidth as a fraction of the
-  catalog's: when some run has a data-parallel group inside a node / across nodes;
-- ``dp_overlap``, the fraction of the backward pass that hides data-parallel communication: when some run
-  has dp > 1.
-
-**How**: minimise the sum over runs and measured quantities of ``log(predicted / measured) ** 2``. First
-coordinate descent: each term in turn is scanned over its range (33 points, log-spaced for the positive
-ones) and refined by golden-section search around the best point, for up to 3 sweeps; then Nelder-Mead over
-all terms together (in the unit cube of their ranges) from that point. Everything not fitted keeps its
-default.
-
-**Only what the runs determine**: the fit uses fewer terms than the runs measured values (one run of dp > 1
-measures three, so it fits two terms: compute efficiency and bandwidth, not the overlap), and a rate or
-efficiency that runs to the edge of its range is left at its default and fitted again without it. Each
-term left out is a warning (printed, and kept in calib.json's ``fit.warnings``).
-
-All runs must come from one cluster (GPU type, GPUs per node, interconnect overrides) and one precision
-(efficiencies are fractions of the peak for that precision): mixing them is refused (exit 2).
+What is measured, what is fitted, how, and when a term is left out: docs/cost-model.md, "calibrate.py".
 """
 from __future__ import annotations
 
@@ -148,7 +113,7 @@ class Term:
 
 
 def fit_terms(observations: list[Observation], base: CostModel) -> list[Term]:
-    """The terms these runs can tell apart (see the module doc)."""
+    """The terms these runs can tell apart (docs/cost-model.md)."""
     from .catalog.gpus import GPUS  # noqa: PLC0415
     from .estimate.comm import group_placement  # noqa: PLC0415
 

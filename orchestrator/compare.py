@@ -1,33 +1,8 @@
 """orch compare: runs side by side, measured against each other and against their predictions.
 
-``compare(sources, warmup=None) -> Comparison`` loads the runs (:mod:`orchestrator.runs`: run dirs, W&B
-offline run directories, W&B run paths) and computes, per run:
-
-- **statistics over the measured steps** (every step after the warm-up): the median and the 90th percentile
-  (linear interpolation between order statistics, NumPy's default) of the step time; the medians of
-  tokens/s, TFLOP/s per GPU, MFU, bubble fraction, all-reduce time and overhead and exposed
-  communication; the peak memory is the maximum over ALL steps (a warm-up step can hold the peak too);
-- **the predictions** of plan.json's chosen record under the names of the metrics they predict (the same
-  ``predicted/<name>`` mapping the trainer writes to W&B, :func:`orchestrator.telemetry.wandb_sink.predicted_values`),
-  and the error of each in % of the measured value: ``100 * (predicted - measured) / measured``
-  (positive: the cost model over-estimated; None when the measured value is 0);
-- **the time breakdown** of a step, in seconds: compute, pipeline bubble, exposed communication and the
-  rest, measured (means over the measured steps; per step the record's compute time, then
-  bubble_fraction * step time, then comm_exposed_s + alltoall_time_s, each clipped to what is left of the
-  step, the remainder is "other") and predicted (plan.json's breakdown: compute + optimizer + offload,
-  bubble, exposed DP + TP + PP + expert all-to-all + context-parallel communication).
-
-Across runs: the semantic diff (the layout fields and the resolved-spec fields whose values differ) and the
-winner: the run with the highest median tokens/s (per GPU when the world sizes differ), with the main reason:
-the breakdown component (per unit of that rate) by which the runner-up lost the most time. Runs of different
-models have no winner (their rates measure different work); the record names the model fields that differ.
-
-Warm-up: the first :data:`WARMUP_STEPS` = 3 steps are left out. Step 1 pays one-time costs (the process
-group's first collectives connect, the framework builds its gradient buckets and communication buffers, the
-allocator grows, kernels are selected or compiled); step 2 allocates the optimizer states (Adam's moments
-are created at the first optimizer step) and still grows the allocator; step 3 is margin: on a shared
-machine the first steps also race the other ranks' start-up. A run of n steps keeps at least half of them:
-the default skips min(3, (n - 1) // 2) steps; ``warmup=N`` asks for N (at most n - 1).
+``compare(sources, warmup=None) -> Comparison``: per run the statistics over the measured steps, plan.json's
+predictions and their errors, and the time breakdown; across runs the semantic diff and the winner. The
+statistics, the breakdown and the warm-up rule: docs/cost-model.md, "compare.py".
 """
 from __future__ import annotations
 
@@ -56,7 +31,7 @@ WARMUP_RULE = (f"the first {WARMUP_STEPS} steps of each run are warm-up (first c
 # --- statistics ----------------------------------------------------------------------------------------
 
 def warmup_steps(num_steps: int, requested: int | None = None) -> int:
-    """How many leading steps to leave out (see the module doc)."""
+    """How many leading steps to leave out (docs/cost-model.md)."""
     if requested is None:
         return max(0, min(WARMUP_STEPS, (num_steps - 1) // 2))
     return max(0, min(requested, num_steps - 1))

@@ -52,7 +52,7 @@ def _yaml_scalar(value) -> str:
 def _check(text: str) -> None:
     import yaml  # noqa: PLC0415
 
-    from .spec import parse_spec  # noqa: PLC0415
+    from .spec_loader import parse_spec  # noqa: PLC0415
 
     parse_spec(yaml.safe_load(text))
 

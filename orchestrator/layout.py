@@ -2,8 +2,8 @@
 
 Each rule is a small pure function ``rule(spec, layout) -> Problem | None`` that shows its operands
 (``tp(8) * pp(4) * dp(3) = 96 != world_size(64)``) and says how to fix it. A rule whose operands are
-not all known yet (a field left open for the planner) passes. ``check_spec`` runs every rule on the
-fields the user fixed; the planner runs the same rules on each complete candidate.
+not all known yet (a field left open for the planner) passes. ``rules.check_spec`` runs every rule (these and
+parallel_rules.py's) on the fields the user fixed; the planner runs the same rules on each complete candidate.
 Nothing is ever derived by silent floor division.
 """
 from __future__ import annotations
@@ -401,43 +401,6 @@ LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
     rule_batch, rule_vpp_microbatches, rule_sequence_parallel, rule_pipeline_zero, rule_offload,
 ]
 SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_cpu_precision, rule_data, rule_pdsh_hosts]
-
-# MoE, context-parallel and FP8 rules live in their own module; they take Layout, defined above.
-from . import parallel_rules as _parallel  # noqa: E402
-
-MODEL_RULES += _parallel.MODEL_RULES
-SPEC_RULES += _parallel.SPEC_RULES
-LAYOUT_RULES += _parallel.LAYOUT_RULES
-
-
-def check_layout(spec: Spec, layout: Layout) -> list[Problem]:
-    """Every layout rule that fails for ``layout`` (open fields pass). The planner's hot path."""
-    return [p for rule in LAYOUT_RULES if (p := rule(spec, layout)) is not None]
-
-
-def check_spec(spec: Spec) -> list[Problem]:
-    """Every rule that fails for the spec: model shape, the fixed layout fields, launch and data.
-
-    The spec may hold out-of-range values already reported by the typed parser (a zero degree, say);
-    a rule that cannot evaluate on them is skipped rather than reported twice.
-    """
-    layout = layout_from_spec(spec) if _positive_degrees(spec) else Layout()
-    problems = []
-    for rule in MODEL_RULES + SPEC_RULES + LAYOUT_RULES:
-        try:
-            problem = rule(spec, layout)
-        except (ArithmeticError, TypeError):
-            continue
-        if problem is not None:
-            problems.append(problem)
-    return problems
-
-
-def _positive_degrees(spec: Spec) -> bool:
-    p = spec.parallelism
-    degrees = (p.tensor, p.pipeline, p.virtual_pipeline, p.data, p.micro_batch_size, p.first_stage_layers,
-               p.last_stage_layers, p.context, p.expert, p.expert_tensor)
-    return all(d is None or d >= 1 for d in degrees) and spec.world_size >= 1
 
 
 def require_complete(spec: Spec) -> Layout:

@@ -23,6 +23,7 @@ from typing import Callable
 
 from .catalog.gpus import GPUS
 from .errors import Problem
+from .layout import FIELD_PATHS, Layout, _known, engine_of
 from .spec import Spec
 
 FP8_ALIGNMENT = 16   # TE FP8 GEMMs: both GEMM dimensions of a weight a multiple of 16 (TE docs)
@@ -213,7 +214,3 @@ LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
     rule_expert_group_topology, rule_deepspeed_moe,
     rule_context_sequence, rule_context_fused_attention, rule_ulysses_heads, rule_fp8_dims,
 ]
-
-# Last: layout.py extends its rule lists from this module at its own end, so the lists above must exist
-# whichever of the two modules is imported first.
-from .layout import FIELD_PATHS, Layout, _known, engine_of  # noqa: E402

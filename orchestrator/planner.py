@@ -1,28 +1,8 @@
 """The planner: enumerate parallel layouts, keep those that follow the rules and fit, rank by step time.
 
-``search(spec, top_k=5, cost=None) -> SearchResult``. Fields the spec fixes are not searched. The open
-ones range over: tp = divisors of gpus_per_node that divide the head and KV-group counts (tensor
-parallelism stays inside a node); pp = divisors of world / tp up to num_layers: those that divide
-num_layers split evenly, the others take the balanced uneven split (:func:`orchestrator.stages.balanced_split`:
-first and last stage lighter, middle stages equal; Llama 3 405B and BLOOM-176B ran such splits) and are
-skipped when it does not exist; first_stage_layers / last_stage_layers given in the spec are kept for
-every pp. dp = world / (tp*pp); micro-batch = divisors of global_batch / dp; vpp = 1, or (engine megatron,
-pp >= 2 and the micro-batch count a multiple of pp) the divisors of the per-stage layer count, with an uneven split
-those v for which every stage's count divides by v (the balanced split is recomputed per v); sequence
-parallel when tp > 1; recompute none /
-selective / full (selective is the same as none with flash attention, so it is skipped there); ZeRO 0-3
-(0-1 with pp > 1, 0 when dp = 1); offload none / optimizer (ZeRO >= 1) / optimizer+params (ZeRO-3), only
-with pp = 1 and never on gpu cpu (the host is the device: offload cannot pay off). A layout fits when its
-busiest GPU needs at most the device's capacity (HBM less what the driver keeps) and what it offloads fits its
-share of host memory (cluster.host_memory_GiB / gpus_per_node); it is within the headroom when the GPU needs at
-most (1 - CostModel.hbm_headroom) of HBM. The headroom is a safety policy for choosing, not a limit: the planner
-ranks the layouts within it, and only when there are none the fastest that fit the capacity, with a warning
-(allocator pressure, OOM risk, what would help). NoFitError when nothing fits the capacity.
-Ranking: predicted step time, ties broken by memory. Every enumerated layout also passes
-:func:`orchestrator.layout.check_layout`.
-
-Shared terms are computed once: parameter counts per (tp, pp), layer times per (tp, micro-batch, sp,
-recompute) and activation memory per stage are cached; the step time of a layout is then arithmetic.
+``search(spec, top_k=5, cost=None) -> SearchResult``. Fields the spec fixes are not searched; shared terms
+(parameter counts, layer times, activation memory) are cached, so a layout's step time is arithmetic. The
+search space, what fits and the headroom policy: docs/cost-model.md, "planner.py".
 """
 from __future__ import annotations
 
@@ -40,8 +20,9 @@ from .estimate.precision import FP8_RECIPE
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
 from .estimate.to_train import short_amount, to_train
 from .estimate.uncertainty import plus_minus
-from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
+from .layout import FIELD_PATHS, Layout, engine_of, layout_from_spec
 from .parallel_rules import rule_fp8_dims, rule_fp8_engine_gpu
+from .rules import check_layout
 from .spec import ParallelismSpec, Spec
 from .stages import accounted_split, balanced_split, split_issues, stage_split
 

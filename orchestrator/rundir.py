@@ -18,7 +18,8 @@ from pathlib import Path
 from . import __version__
 from .errors import OrchError, Problem, SpecError, raise_if
 from .plan import Plan
-from .spec import Spec, parse_spec, spec_sha256, spec_to_data
+from .spec import Spec, spec_sha256, spec_to_data
+from .spec_loader import parse_spec
 
 MANIFEST = "manifest.json"
 EXECUTABLE = {"launch_local.sh", "launch.sbatch", "launch_pdsh.sh"}

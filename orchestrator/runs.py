@@ -33,7 +33,8 @@ from pathlib import Path
 
 from .errors import OrchError, Problem, SpecError
 from .layout import Layout, require_complete
-from .spec import SPEC_VERSION, Spec, parse_spec
+from .spec import SPEC_VERSION, Spec
+from .spec_loader import parse_spec
 from .telemetry.sinks import METRICS_FILE, parse_record
 
 RUN_DIR_FILES = ("spec.resolved.yaml", "plan.json")

@@ -1,24 +1,23 @@
-"""The training spec: what the user asks for, as one typed, frozen record tree.
+"""The training spec: what the user asks for, as one typed, frozen record tree, and the parse of its keys.
 
-``load_spec(path)`` reads YAML or JSON, rejects unknown keys (with "did you mean"), checks types and
-bounds, expands the model preset and defaults, and runs the cross-field rules; every problem found is
-reported at once in one :class:`SpecError`. ``schemas/spec.schema.json`` is exported from these classes
-(``make schemas``), never written by hand.
+The parse rejects unknown keys (with "did you mean"), checks types and bounds, expands the model preset and
+defaults; :func:`orchestrator.spec_loader.load_spec` runs it, then the cross-field rules, and reports every
+problem at once. ``schemas/spec.schema.json`` is exported from these classes (``make schemas``), never
+written by hand.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from .catalog.gpus import GPUS
 from .catalog.models import MODELS, preset_fields
-from .errors import Problem, SpecError
-from .typed import did_you_mean, dump, parse, spec_field
+from .errors import Problem
+from .typed import did_you_mean, dump, spec_field
 
 SPEC_VERSION = 1
 NAME_PATTERN = r"[A-Za-z0-9._-]{1,64}"
@@ -333,73 +332,6 @@ def read_spec_data(path: str | Path) -> Any:
     path = Path(path)
     text = read_user_text(path)
     return parse_json(text, str(path)) if path.suffix == ".json" else parse_yaml(text, str(path))
-
-
-def load_spec(path: str | Path) -> "Spec":
-    """Read, check and resolve a spec file (YAML or JSON). Raises SpecError listing every problem."""
-    data = read_spec_data(path)
-    try:
-        return parse_spec(data)
-    except SpecError as e:
-        raise SpecError([dataclasses.replace(p, path=f"{path}:{p.path}") for p in e.problems]) from None
-
-
-def parse_spec(data: Any) -> Spec:
-    """Check and resolve spec data: types, unknown keys, preset, defaults, then every cross-field rule."""
-    problems: list[Problem] = []
-    if not isinstance(data, dict):
-        raise SpecError(Problem("spec", "the top level must be a mapping of keys (name, model, cluster, ...)",
-                                "start from `orch init`"))
-    data = dict(data)
-    data["model"] = _merge_preset(data.get("model"), problems)
-    spec = parse(Spec, data, "", problems)
-    if spec is None and problems:
-        problems.extend(_problems_of_what_parsed(data, problems))
-    if spec is not None:
-        spec = _apply_defaults(spec, problems)
-    if spec is not None:
-        from .layout import check_spec  # noqa: PLC0415  (layout imports spec)
-        problems.extend(check_world_bound(spec) or check_spec(spec))
-    if problems:
-        raise SpecError(problems)
-    return spec
-
-
-def _problems_of_what_parsed(data: dict, problems: list[Problem]) -> list[Problem]:
-    """With a wrongly typed or unknown key the Spec cannot be built, which would hide every rule problem until
-    the types are fixed. So: drop the keys those problems name (their defaults stand in), build the spec again
-    and return its missing-field and rule problems that name none of the dropped keys."""
-    from .layout import check_spec  # noqa: PLC0415  (layout imports spec)
-
-    dropped = {re.sub(r"\[\d+\]$", "", p.path) for p in problems}
-    trimmed = _without(data, dropped)
-    model = trimmed.get("model")
-    if isinstance(model, dict):   # a required model field stands in as the preset's value (or 1): rules that
-        preset = preset_fields(model["preset"]) if model.get("preset") in MODELS else {}   # name it are dropped
-        for name in REQUIRED_MODEL_FIELDS:
-            if f"model.{name}" in dropped:
-                model[name] = preset.get(name, 1)
-    retry: list[Problem] = []
-    spec = parse(Spec, trimmed, "", retry)
-    if spec is None:
-        return []
-    more: list[Problem] = []
-    spec = _apply_defaults(spec, more)
-    more += (check_world_bound(spec) or check_spec(spec)) if spec is not None else []
-    leaves = {path.rsplit(".", 1)[-1] for path in dropped}
-    return [p for p in more if p not in problems and p.path not in dropped
-            and not any(re.search(rf"\b{re.escape(leaf)}\b", p.message) for leaf in leaves)]
-
-
-def _without(data: dict, dotted: set[str], prefix: str = "") -> dict:
-    """A copy of nested mappings without the keys at the given dotted paths."""
-    out = {}
-    for key, value in data.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if path in dotted:
-            continue
-        out[key] = _without(value, dotted, path) if isinstance(value, dict) else value
-    return out
 
 
 def check_world_bound(spec: Spec) -> list[Problem]:

@@ -1,29 +1,8 @@
 """Transformer layers per pipeline stage: the even split, or Megatron-LM's uneven first/last split.
 
-By default every pipeline stage holds num_layers / pp layers. Published runs often make the first and the
-last stage lighter, because the first also runs the embedding and the last the output layer and the loss
-(Llama 3 405B: 126 layers on pp 16 as 7 + 14 x 8 + 7; BLOOM-176B: 70 layers on pp 12 as 5 + 10 x 6 + 5).
-Megatron-LM core_v0.16.1 expresses this as ``--decoder-first-pipeline-num-layers F`` and
-``--decoder-last-pipeline-num-layers L`` (TransformerConfig ``num_layers_in_first/last_pipeline_stage``);
-either may be given alone, and the stages without a fixed count (the "middle" ones) share the remaining
-layers equally. The arithmetic Megatron checks (TransformerConfig's post-init), restated as rules here:
-
-* each given count is >= 1;
-* the middle stages (pp minus the stages whose count is given) get the remaining layers, which must divide
-  equally among them; with no middle stage (pp = 2, both given) first + last must be num_layers;
-* with a virtual pipeline of v chunks per rank (``--num-virtual-stages-per-pipeline-rank``; Megatron
-  refuses ``--num-layers-per-virtual-pipeline-stage`` here), the first count, the last count and the
-  per-middle-stage count are each divisible by v;
-* the split cannot be combined with ``--account-for-embedding/loss-in-pipeline-split`` or
-  ``--pipeline-model-parallel-layout`` (orch renders neither; :mod:`orchestrator.validate.megatron`
-  checks user-written argument files for them).
-
-orch is stricter in two places, each said in its message: a given count needs pp >= 2 (Megatron accepts
-first = num_layers on a single stage, which is the even split), and every middle stage must get at least
-one layer (Megatron's divisibility test lets a negative remainder through; its model build then fails).
-
-Pure arithmetic, no spec: the spec rules (:mod:`orchestrator.layout`), the cost model, the planner and
-the Megatron argument checks share it.
+Pure arithmetic, no spec: the spec rules (:mod:`orchestrator.layout`), the cost model, the planner and the
+Megatron argument checks share it. The rules Megatron checks and where orch is stricter: docs/cost-model.md,
+"stages.py".
 """
 from __future__ import annotations
 

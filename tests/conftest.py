@@ -38,7 +38,7 @@ def fixed_plan(data: dict):
     """A Plan for a spec whose layout is fully fixed, without estimates (renderer tests)."""
     from orchestrator.layout import require_complete
     from orchestrator.plan import Plan
-    from orchestrator.spec import parse_spec
+    from orchestrator.spec_loader import parse_spec
 
     spec = parse_spec(data)
     return Plan(spec=spec, layout=require_complete(spec), chosen={})

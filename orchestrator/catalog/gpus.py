@@ -1,44 +1,7 @@
 """Accelerator facts, each with its source. Data only: the cost model reads it, nothing here computes.
 
-Peaks are DENSE figures (NVIDIA datasheets print bf16/fp16 "with sparsity", twice the dense value).
-``intra_node_bandwidth_GBps`` is the NCCL bus bandwidth (nccl-tests ``busbw``) of an all-reduce among the
-GPUs of one node; ``inter_node_bandwidth_GBps`` is the bandwidth ONE GPU gets across nodes (its share of
-the node's NICs, e.g. 8x 200 Gb/s HDR for 8 GPUs = 25 GB/s). The spec's ``cluster.*_bandwidth_GBps``
-override both with what the user measured. HBM is what ``nvidia-smi`` / ``rocm-smi`` reports as total.
-
-``matmul_efficiency`` is the measured Maximum Achievable Matmul FLOPS (MAMF: the best bf16 ``torch.matmul``
-over a brute-force search of shapes, mean of 100 iterations) divided by the dense datasheet peak; it is the
-ceiling the cost model's GEMM-efficiency model starts from (``orchestrator/estimate/compute.py``).
-``num_sms`` (streaming multiprocessors / compute units) sets the wave-quantisation of GEMM tiles.
-``sustained_clock_fraction`` is the clock a GPU holds at its power limit under sustained dense tensor-core
-load (every GPU of the node busy) over the clock its datasheet peak assumes: MAMF is a short burst at boost
-clock, training is not. A100: 1305/1410 MHz, the clock NVIDIA uses for A100 HPL Rpeak because it is what
-the 400 W limit sustains (G. Lockwood, glennklockwood.com/garden/peak-FLOPS). Not published for the other
-parts; the same 7% drop is assumed until measured (mamf-finder.py's sustained MSMF figure, or calibration).
-``tp_comm_overlap``: with sequence parallelism, Megatron-Core's ``--tp-comm-overlap`` pipelines the
-all-gather / reduce-scatter of each tensor-parallel GEMM with the GEMM itself through Transformer Engine's
-userbuffers over NVLink/NVSwitch (TE and Megatron-Core docs); true for Hopper and newer NVIDIA parts with
-NVLink, false for PCIe-only parts, AMD (ROCm TE without userbuffers) and CPUs, and false for A100: userbuffers
-is built on CUDA multicast objects (compute capability 9.0+); "devices older than compute capability 9.0
-require UB_SKIPMC=1 ... to fall back on a less performant implementation based on CUDA IPC handles"
-(TransformerEngine examples/pytorch/comm_gemm_overlap/README.md), TE blocked the pipelined reduce-scatter
-overlap in BF16 "due to the hang at A100" (TransformerEngine PR #1311), and the published A100 runs
-(Megatron-LM 2021-2022, Narayanan et al. 2021, Korthikanti et al. 2022, MT-NLG, BLOOM) ran their
-tensor-parallel collectives in series with the GEMMs. The planner must not credit an A100 layout with an
-overlap those runs never had (it chose sequence-parallel A100 layouts at ~60% MFU for it).
-``attention_efficiency`` is the fraction of dense peak a fused (flash) attention kernel reaches over forward
-and backward at head dim 128: FlashAttention-2 reaches 50-73% of A100 peak forward, less backward (Dao 2023,
-arXiv 2307.08691); on H100 FlashAttention-2 reaches ~35% and FlashAttention-3 / cuDNN up to 75% forward
-(Shah et al. 2024, arXiv 2407.08608), so Hopper-class parts take a middle value for the mix of stacks.
-It is the rate of the kernel orch's own runs plan with; a published run on a kernel with measured rates by head
-dimension and sequence length (catalog/attention.py: FlashAttention-2, flash-attn 1.x's Triton kernel) uses those.
-``fp8_training``: FP8 tensor cores that Megatron-Core trains on through Transformer Engine's FP8 recipes
-(Hopper: H100, H200; Blackwell: B200). TE also runs FP8 on Ada (L40S), but orch plans FP8 for the
-training parts only.
-``published_mfu`` lists published model-FLOPs utilisations of 16-bit (bf16/fp16) training on this part as
-(model parameters, MFU), with ``published_mfu_source``: the best of them, at a margin, bounds what a plan may
-claim (orchestrator/estimate/plausibility.py); a plan above it is flagged, never clamped. Left empty where no
-figure was checked (a run there gets no such check).
+What each field means and where its values come from (dense peaks, bus bandwidths, MAMF, sustained clock,
+tp_comm_overlap, attention_efficiency, fp8_training, published_mfu): docs/cost-model.md, "catalog/gpus.py".
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def command(spec_path: str, out_dir: str, force: bool, discard_outputs: bool, to
     from ..render.deepspeed import render_deepspeed_notes
     from ..render.megatron import render_megatron_notes
     from ..rundir import write_run_dir
-    from ..spec import load_spec
+    from ..spec_loader import load_spec
     from .plan import calibrated_cost
 
     if discard_outputs and not force:

@@ -37,7 +37,7 @@ def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_p
     precision, or no layout fits (the error says what is closest and what would make it fit).
     """
     from ..planner import search
-    from ..spec import load_spec
+    from ..spec_loader import load_spec
 
     if plot_path is not None:
         from ..plotting import check_plot_path, require_matplotlib

@@ -1,57 +1,8 @@
-"""Activation memory per GPU (Korthikanti et al. 2022, arXiv 2205.05198, section 4 and Table 2).
+"""Activation memory per GPU (Korthikanti et al. 2022, arXiv 2205.05198, section 4 and Table 2), generalised to
+GQA, any MLP width, fused attention, training without dropout and the loss implementation; what each pipeline
+stage holds in flight under 1F1B and the interleaved schedule, with an even or uneven split.
 
-Bytes stored for the backward pass by one transformer layer for one micro-batch (s sequence, b micro-batch,
-h hidden, a heads, t tensor-parallel degree, 16-bit activations, 1-byte dropout masks):
-  no parallelism              s*b*h*(34 + 5*a*s/h)
-  tensor parallel             s*b*h*(10 + 24/t + 5*a*s/(h*t))
-  tensor + sequence parallel  s*b*h/t*(34 + 5*a*s/h)
-  selective recompute         drops the 5*a*s/h term (softmax, its dropout mask and output)
-  full recompute              keeps only the layer input, 2*s*b*h (divided by t with sequence parallel)
-Generalised here to GQA and any MLP width: the 24 (tensor-parallel part) is
-2*(Q h + K g*d + V g*d + proj-input h) + 2*(MLP activations 2f, or 3f gated); the 10 (replicated part) is
-2*(two norm inputs + QKV input + fc1 input) + two 1-byte dropout masks. Fused (flash) attention stores no
-s^2 tensors, only its fp32 log-sum-exp (4*a*s*b bytes). With fp32 training every 2 becomes 4.
-
-The formula assumes dropout (p > 0, as the GPT-3-era runs it was derived for). Without dropout
-(``ModelShape.dropout`` 0, what orch trains with) nothing is dropped and nothing is stored for it: PyTorch's
-dropout returns its input when p == 0 (ATen native/Dropout.cpp ``_dropout_impl``; under torch.compile, which
-Megatron-Core's jit_fuser is, the aten.dropout decomposition returns ``input.clone()``, fused away), and
-Megatron-Core calls that dropout for the embedding, bias-dropout-add (fusions/fused_bias_dropout.py) and the
-unfused attention's probabilities (transformer/dot_product_attention.py) at core_v0.16.1. So with p = 0 the
-two 1-byte masks per layer and the embedding's go, and the unfused attention keeps its softmax output only
-(2*a*s*b*s bytes instead of 5: the dropout output is the softmax output): 32 + 2*a*s/h per s*b*h.
-
-The transient peak on top of what is stored is the recompute working set (one layer's full activations under
-full recompute, its attention scores under selective) or, on the last stage, what the loss keeps of the logits
-for its backward plus the logits' gradient, whichever is larger: the loss backward ends before the last layer is
-recomputed. What the loss keeps depends on its implementation (``ModelShape.loss``, :data:`LOSS_IMPLS`), per
-logit element, e the training dtype's bytes:
-  vocab_parallel  Megatron's vocab-parallel cross entropy (tensor_parallel/cross_entropy.py, and the native
-                  fusion fusions/fused_cross_entropy.py, at core_v0.16.1): the logits are cast to fp32 inside
-                  the loss (``.float()``, a no-op in fp32) and exp / div run in place on that copy, which is
-                  saved as the softmax (4 bytes); the e-byte logits are not saved (the output layer saves its
-                  input, not its output) and go when the forward returns. Backward computes the gradient in
-                  place on the softmax and casts it to the dtype (e bytes) while it is still held: 4 + e
-                  (4 in fp32, where there is no cast). Forward holds the same: the e-byte logits and their
-                  fp32 copy. Megatron-LM of 2020-21 (the GPT-3-era runs, Megatron-DeepSpeed, GPT-NeoX) casts
-                  outside the same in-place function: the same 4 + e.
-  xentropy        flash-attn's fused cross entropy (flash_attn/losses/cross_entropy.py at v1.0.3.post0 over
-                  csrc/xentropy at v0.2.8; llm-foundry's MPT ``loss_fn: fused_crossentropy``): the forward
-                  kernel reads the e-byte logits once and keeps only an fp32 log-sum-exp per token; it saves
-                  the logits themselves (no copy) and the backward writes a new e-byte gradient
-                  (``at::empty_like(logits)``, inplace_backward False by default): 2e.
-  torch           orch's reference trainer (train/model.py lm_loss: F.cross_entropy on an fp32 copy): counted
-                  as the logits, an fp32 log-softmax and the gradient, 2e + 4 (not traced op by op).
-
-In flight under 1F1B, stage r holds min(m, p - r) micro-batches of its L/p layers: the first stage holds
-L layers' worth. Megatron's interleaved schedule with v chunks keeps (p - r - 1)*2 + (v - 1)*p + 1 chunk
-micro-batches on stage r, which for r = 0 is the paper's factor 1 + (p - 1)/(p*v).
-
-With an uneven split (:class:`~orchestrator.stages.StageSplit`: first c_0, middle c, last c_{p-1}) stage r
-holds in_flight(r) * c_r / v layers. The first stage is no longer necessarily the largest: with a lighter
-first stage the second one (the first middle stage, p - 1 micro-batches of c layers) can hold more
-(Llama 3 405B's 7 + 14x8 + 7 on p = 16: 16 x 7 = 112 layers' worth on stage 0, 15 x 8 = 120 on stage 1).
-Later middle stages hold fewer micro-batches of the same layers, so stages 0, 1 and p - 1 bound the rest.
+The formulas, their derivation and sources: docs/cost-model.md, "estimate/activations.py".
 """
 from __future__ import annotations
 
@@ -83,7 +34,7 @@ class ActivationsEstimate:
 
 
 def mask_bytes(shape: ModelShape) -> int:
-    """Bytes per element of a dropout mask: MASK_BYTES with dropout, 0 without (see module doc)."""
+    """Bytes per element of a dropout mask: MASK_BYTES with dropout, 0 without (docs/cost-model.md)."""
     return MASK_BYTES if shape.dropout > 0 else 0
 
 
@@ -131,7 +82,7 @@ def in_flight_chunks(stage: int, pp: int, vpp: int, num_microbatches: int) -> in
 
 def loss_bytes_per_logit(loss: str, dtype_bytes: int) -> int:
     """Peak bytes per logit element the loss holds (what it keeps for its backward and the logits' gradient;
-    module doc, one case per :data:`LOSS_IMPLS`)."""
+    docs/cost-model.md, one case per :data:`LOSS_IMPLS`)."""
     e = dtype_bytes
     if loss == "vocab_parallel":
         return LOGIT_FP32_BYTES + (e if e != LOGIT_FP32_BYTES else 0)
@@ -143,7 +94,7 @@ def loss_bytes_per_logit(loss: str, dtype_bytes: int) -> int:
 
 
 def logits_bytes(shape: ModelShape, padded_vocab: int, tp: int, micro_batch: int, dtype_bytes: int = 2) -> int:
-    """What the loss holds of one micro-batch's logits at its peak (``shape.loss``; module doc)."""
+    """What the loss holds of one micro-batch's logits at its peak (``shape.loss``; docs/cost-model.md)."""
     tokens = shape.seq_length * micro_batch
     return tokens * padded_vocab // tp * loss_bytes_per_logit(shape.loss, dtype_bytes)
 

@@ -1,56 +1,9 @@
-"""Communication volumes and times: data-parallel, tensor-parallel and pipeline p2p.
+"""Communication volumes and times: data-parallel, tensor-parallel and pipeline p2p. Each collective is costed
+as NCCL runs it (its choice of algorithm and protocol, ring and tree latencies, bus bandwidth inside and
+across nodes) over the rank order Megatron-LM and DeepSpeed use.
 
-Rank order (our assumption, Megatron-LM's default "tp-cp-ep-dp-pp" with cp = ep = 1, which is also
-DeepSpeed's PipeModelDataParallelTopology): tensor-parallel ranks are adjacent (inside a node when
-tp <= gpus_per_node), data-parallel ranks have stride tp, pipeline ranks stride tp*dp. A group therefore
-has ``per_node`` members on each of ``num_nodes`` nodes.
-
-Collectives are costed as NCCL runs them (``nccl_collective``): NCCL's own cost model
-(src/graph/tuning.cc, the tables of NCCL 2.8-2.10, the releases of the 2021 runs; later releases keep the
-structure) takes, per algorithm (ring; tree for all-reduce only: NCCL has no tree all-gather or
-reduce-scatter) and protocol (LL: low latency, a quarter of the bandwidth across nodes; Simple: full
-bandwidth, higher per-hop latency), time = latency + bytes / bandwidth and picks the fastest. A ring's
-latency grows with its length, not with log2 of the node count: base + (steps - inter-node steps) x
-intra-node hop + inter-node steps x network hop, with n - 1 steps for an all-gather or reduce-scatter over n
-ranks (2(n - 1) for an all-reduce; large multi-node ring all-reduces pay 1.9x, NCCL's "plateau"); a tree
-all-reduce pays base + 2((k - 1) x intra hop + log2(nodes) x network hop). Bus bandwidth (nccl-tests
-PERFORMANCE.md accounting: a ring moves (n-1)/n of the buffer per rank, an all-reduce twice that) is the
-node's measured busbw inside a node; across nodes each of the k GPUs of the group on a node drives its own
-NIC (rings cross node boundaries once per channel), so busbw = min(intra busbw, k x per-GPU NIC bandwidth).
-CPU processes (gloo over loopback) pay ``CostModel.collective_latency_s`` per hop instead.
-
-What is sent:
-* DP (per step), call by call in the buckets and units the engine uses (estimate/engines.py): stage 0
-  all-reduces the gradients; stage 1 (and Megatron's distributed optimizer) reduce-scatters gradients and
-  all-gathers updated parameters; stage 2 reduce-scatters into the owner's partition at every micro-batch
-  (a rank keeps no full gradient buffer to accumulate in) and all-gathers parameters once (DeepSpeed from
-  0.12.4, the release orch writes for, its ZeRO-1 from 0.4.4 and its BF16_Optimizer all-reduce the gradient
-  buckets instead: an all-reduce's volume, estimate/engines.py ds_bucket_all_reduce / ds_bf16_optimizer); stage 3
-  all-gathers parameters for every forward and backward (and for the recomputed forward), one call per
-  module (DeepSpeed) or per layer (Megatron FSDP), and reduce-scatters gradients, every micro-batch (ZeRO
-  paper, section 7: 1.5x the all-reduce volume per pass). Gradients travel in the training dtype, or fp32
-  where Megatron reduces bf16 gradients in fp32.
-  Overlap: DeepSpeed prefetches about one module ahead (orch's stage3_prefetch_bucket_size, 0.9h^2, is less
-  than one GEMM weight), so module i+1's gather runs behind module i's compute; with a layer's modules
-  of similar size that is the aggregate rule of :func:`data_parallel_comm` (hidden up to ``overlap`` of the
-  pass, the first gather exposed). DeepSpeed before 0.6 (estimate/engines.py Zero3Runtime) prefetches the
-  same way unless stage3_max_live_parameters elements are already gathered (counted module use by module
-  use: :func:`_legacy_zero3_gathers`), but the host synchronizes the device at every fetch and then, before it
-  launches the module's compute, zeroes the next gather's buffer and (before 0.5.5) walks the n ranks to build
-  the gather's list of n views, which ProcessGroupNCCL copies back one by one: that host work is exposed, n
-  per gather; before
-  0.4.3 the gradients are all-reduced in reduce buckets, from 0.4.3 to 0.6 reduce-scattered per parameter on
-  lists of n views (the same per-rank loop and copies, in the backward's hooks: hidden like the
-  reduction). NCCL does not thin its channels for these
-  buffers: enqueue.cc drops channels/threads only below nChannels x nThreads x 64 bytes (Simple; the ring
-  LL threshold is x nRanks), i.e. ~0.5 MiB, far below one module's parameters.
-* TP (per layer, per micro-batch): two all-reduces of s*b*h in the forward and two in the backward
-  (Shoeybi et al. 2019), two more when the forward is recomputed; sequence parallelism swaps each for a
-  reduce-scatter + all-gather pair of the same volume (Korthikanti et al. 2022, section 4.2.2).
-* PP (per micro-batch, per chunk boundary): the activation forward and its gradient backward, s*b*h,
-  sent as 1/tp slices by each TP rank and re-assembled by an intra-node all-gather (Narayanan et al. 2021,
-  section 4.1 scatter/gather; already sharded with sequence parallelism). Tied embeddings with pp > 1 add
-  one all-reduce of the embedding gradient between the first and last stage per step.
+The rank order, the NCCL model, what each parallelism sends and what overlaps: docs/cost-model.md,
+"estimate/comm.py".
 """
 from __future__ import annotations
 
@@ -232,7 +185,7 @@ def list_copies_s(nbytes: float, n: int, hw: Hardware) -> float:
 
 
 def data_parallel_comm(work: DataParallelWork, pl: Placement, overlap: float, hw: Hardware) -> DataParallelComm:
-    """DP traffic of one step, counted call by call (see the module doc and estimate/engines.py).
+    """DP traffic of one step, counted call by call (docs/cost-model.md, and estimate/engines.py).
 
     Bucketed collectives run behind ``overlap`` of the compute window they can overlap; the last bucket of a
     backward (and the first gather of a pass) waits for, or is waited on by, compute and stays exposed.

@@ -1,40 +1,8 @@
-"""Compute time of one transformer layer: GEMMs at a shape-dependent efficiency, plus memory-bound work.
+"""Compute time of one transformer layer: GEMMs at a shape-dependent efficiency (tile and wave quantisation,
+the short-K prologue, an HBM roofline), the attention core, memory-bound kernels over HBM bandwidth, dropout,
+a gap per kernel, and the straggler stretch of synchronous training.
 
-Time = FLOPs / (peak x achievable efficiency), kernel by kernel:
-
-* **GEMMs** (QKV, projection, MLP; forward, data-gradient and weight-gradient) run at
-  ``ceiling * tile_utilisation * K/(K + K0)``, bounded below by a roofline on HBM traffic.
-  ``ceiling`` is the measured Maximum Achievable Matmul FLOPS fraction of the GPU (catalog).
-  Tile utilisation models what NVIDIA's "Matrix Multiplication Background User's Guide"
-  (docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication) calls tile and wave
-  quantisation: the output is cut into tiles, one tile per SM per wave, so a GEMM whose tiles fill
-  1.2 waves pays for 2, and ragged edges compute padding. The library picks the tile shape; we take the
-  best of a few CUTLASS-like tiles, smaller tiles being less efficient (less operand reuse per load):
-  relative throughput 1.0 for 256x128, 0.92 for 128x128, 0.80 for 128x64, 0.65 for 64x64 (our estimate).
-  K0 = 64 is the prologue/epilogue cost of a tile (filling the software pipeline, writing C) expressed as
-  K-elements of main loop, so short-K GEMMs (attention scores with head dim 64-128, small h/tp) run slower.
-  This is how small h/tp loses efficiency. No constant here is tuned to a published throughput: each
-  comes from a cited measurement or is a stated estimate (CostModel and the GPU catalog hold them).
-* **Attention core** without a fused kernel is two batched GEMMs per head (K = head dim for the scores)
-  plus the softmax and its dropout over a*s^2 elements, which are memory-bound. A fused (flash) kernel
-  skips the causally masked half and its backward costs 2.5x its forward (it recomputes the scores; Dao 2023,
-  arXiv 2307.08691). It runs at the measured rate of its kernel (``ModelShape.attention``) by head dimension
-  and sequence length where one is listed (estimate/attention.py), else at the GPU's ``attention_efficiency``
-  of peak (catalog).
-* **Memory-bound kernels** (norms, bias+activation, bias+dropout+residual, RoPE, reshapes) cost their
-  HBM bytes over the sustained bandwidth; without sequence parallelism every TP rank runs them on the
-  full s*b*h tensor (Korthikanti et al. 2022, section 4.2.2), with it on 1/t of it. RoPE is one fused kernel
-  each way unless the shape says Megatron-Core runs it unfused (``fused_rope``; estimate/eager_ops.py). A layer
-  written in eager PyTorch (``layer_impl``, ``eager_norm``: torchtitan's Llama) adds what its unfused kernels move
-  beyond these charges (estimate/eager_ops.py :func:`~.eager_ops.torchtitan_llama_work`).
-* **Dropout** (``ModelShape.dropout`` > 0) writes a 1-byte mask in the forward and reads it in the backward
-  (bias-dropout-add, fused), and in an unfused attention reads and writes the s^2 probabilities once more with
-  their mask. Without dropout (p = 0, what orch trains with) PyTorch's dropout returns its input, no kernel
-  and no mask (estimate/activations.py module doc): bias-dropout-add is the residual add alone and the
-  attention's probabilities go from the softmax straight to P V.
-* each kernel adds ``kernel_gap_s``.
-* synchronous training runs at the pace of its slowest GPU: compute is stretched by
-  :func:`straggler_factor` (expected maximum of the per-GPU speed spread over the world size).
+The model and its sources: docs/cost-model.md, "estimate/compute.py".
 """
 from __future__ import annotations
 
@@ -63,7 +31,7 @@ ADAM_UNFUSED_BYTES_PER_PARAM = 80
 
 @lru_cache(maxsize=65536)
 def matmul_efficiency(m: int, n: int, k: int, num_sms: int, ceiling: float, batch: int = 1) -> float:
-    """Achievable fraction of peak for an (m x k) @ (k x n) GEMM, ``batch`` times (see module doc)."""
+    """Achievable fraction of peak for an (m x k) @ (k x n) GEMM, ``batch`` times (docs/cost-model.md)."""
     if num_sms <= 1:     # a CPU core: no tiles, no GPU tile prologue (measured: no short-K penalty, catalog)
         return ceiling
     best = 0.0

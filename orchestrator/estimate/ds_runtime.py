@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..layout import Layout
     from .hardware import Hardware
     from .params import ParamsEstimate
-    from .step import EstimateContext
+    from .estimate_context import EstimateContext
 
 
 def ds_backward_gather_passes(ctx: EstimateContext, lay: Layout, layers: int) -> float | None:

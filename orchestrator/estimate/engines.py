@@ -1,56 +1,9 @@
-"""What each training engine does that the cost model counts: bucket sizes, gather units, gradient dtype.
+"""What each training engine does that the cost model counts: bucket sizes, gather units, gradient dtype, and
+what each DeepSpeed release does differently (:class:`Zero3Runtime`). The DeepSpeed numbers are the ones orch
+writes into ds_config.json (render/deepspeed.py imports them from here); the Megatron ones are Megatron-Core
+0.16.1's defaults for the flags orch emits.
 
-The DeepSpeed numbers are the ones orch writes into ds_config.json (``render/deepspeed.py`` imports them
-from here, so the planner counts the calls the run will make); the Megatron ones are Megatron-Core's own
-defaults for the flags orch emits (core_v0.16.1).
-
-* DeepSpeed ``reduce_bucket_size`` / ``allgather_bucket_size``: 5e8 elements (DeepSpeed's documented
-  default). ZeRO-3 gathers parameters per module (each Linear is a module with its weight and bias);
-  modules under ``stage3_param_persistence_threshold`` (10h elements: norms, biases) stay resident, and
-  prefetching only coalesces modules smaller than ``stage3_prefetch_bucket_size`` (0.9h^2 elements), which
-  every GEMM weight of a transformer layer exceeds: 4 all-gathers per layer and pass (QKV, attention
-  output, MLP in, MLP out) plus the embedding.
-* Megatron-Core DDP (``--overlap-grad-reduce``): gradient buckets of max(40M, 1M x dp) elements
-  (``megatron/core/distributed/distributed_data_parallel.py``); with bf16 the gradients are accumulated
-  and reduced in fp32 (``megatron/training/arguments.py``: accumulate_allreduce_grads_in_fp32). The
-  distributed optimizer gathers the 16-bit parameters in the same buckets (``--overlap-param-gather``:
-  behind the next forward). Megatron FSDP (ZeRO-2/3) shards per transformer layer: one all-gather per layer
-  and pass, one reduce-scatter per layer in the backward.
-
-DeepSpeed version. orch writes ds_config.json for DeepSpeed ``DEEPSPEED_VERSION`` (0.19.8,
-validate/_deepspeed_keys_data.py), and that is the runtime the planner predicts by default: ZeRO-3 gathers
-each module's parameters with one coalesced all-gather into a flat buffer on its own stream, prefetched
-behind compute (stage3_prefetch_bucket_size), and reduce-scatters gradients in buckets. Earlier releases
-differ in three ways the cost model counts (:class:`Zero3Runtime`, :func:`ds_zero3_runtime`), read from
-their source (github.com/microsoft/DeepSpeed, tags v0.3.12-v0.6.0, runtime/zero/stage3.py and
-partition_parameters.py):
-
-* ``synchronous_fetch`` (before 0.6.0, #1453): one all-gather per parameter (``_allgather_param``) into a
-  ``torch.zeros`` buffer followed by ``torch.cuda.synchronize()``, and every module fetch ends in
-  ``_synchronize_communication`` (a device-wide synchronize). The next module's parameters are still
-  prefetched on a side stream (``overlap_comm``, on by default for ZeRO-3) after the current module's fetch
-  and before its compute is launched, so the NCCL time of a gather hides behind the current module's compute;
-  what the host does between the synchronize and that launch does not (the zeroing of the buffer included).
-  A prefetch takes modules until stage3_prefetch_bucket_size elements (5e7 by default then); each gather
-  after the first waits in its own synchronize for the one before, with the compute not yet launched, so
-  only the last gather of a prefetch hides ("the async version is not async at all", PR #1188). GPT-3-sized
-  modules exceed 5e7 on their own (one per prefetch); smaller ones come several to a prefetch.
-* ``list_gathers`` (before 0.5.5, #1188 brought ``_all_gather_base``): the all-gather's output is a Python
-  list of world-size views, built by a per-rank loop (``narrow`` + ``dist.get_rank``), which PyTorch's
-  ProcessGroupNCCL flattens and copies back one view at a time: n host iterations and n copy kernels per
-  gather, all before the compute is launched. Once per step the same release regathers the resident
-  parameters (biases, norms) synchronously after the optimizer step, copying each tensor's n slices out in
-  a Python loop (``_post_step`` -> ``_allgather_params``; ds_runtime.py zero3_persistent_regather_s).
-* gradients: before 0.4.3 (#1199) ``contiguous_gradients`` was off by default for ZeRO-3, and
-  ``reduce_ipg_grads`` took ``buffered_reduce_fallback``: a full all-reduce of each reduce bucket (then each
-  rank keeps its partition), ``allreduce_gradients``. From 0.4.3 to 0.6.0 each parameter's gradient is
-  reduce-scattered on a list of n input views (``_reduce_scatter_gradient``: the same per-rank loop and n
-  copies), ``list_reduce_scatters``; from 0.6.0 in coalesced buckets.
-
-The number of gathers is the same in every release for a GPT layer (biases and norms stay resident below
-the persistence threshold, 1e5 elements then), and so is the reuse rule that keeps a module gathered from
-its recomputed forward to its backward (stage3_max_reuse_distance, 1e9 elements by default since 0.3.12).
-A spec predicts DeepSpeed ``DEEPSPEED_VERSION``; only published runs say otherwise (``orchestrator/published.py``).
+Each figure's source, release by release: docs/cost-model.md, "estimate/engines.py".
 """
 from __future__ import annotations
 
@@ -235,7 +188,7 @@ def ds_backward_regather_share(module_elements: tuple[int, ...], layers: int, fu
 
 @dataclass(frozen=True)
 class Zero3Runtime:
-    """What a DeepSpeed release does per ZeRO-3 collective (module doc); all False: the current one."""
+    """What a DeepSpeed release does per ZeRO-3 collective (docs/cost-model.md); all False: the current one."""
 
     synchronous_fetch: bool = False      # per-parameter gathers after torch.zeros + torch.cuda.synchronize()
     list_gathers: bool = False           # all-gather output as n views: per-rank host loop + n copies

@@ -1,26 +1,7 @@
 """Memory of the busiest GPU: model states (ZeRO 0-3, offload), activations and framework overheads.
 
-Model states, mixed-precision Adam (Rajbhandari et al. 2020, ZeRO, arXiv 1910.02054, section 3.1 and
-Table 1): 2 bytes of 16-bit parameters, 2 of 16-bit gradients and K = 12 of optimizer states (fp32 master
-weights, momentum, variance) per parameter. With data-parallel degree N, per GPU:
-  stage 0: 16*psi; stage 1: 4*psi + 12*psi/N; stage 2: 2*psi + 14*psi/N; stage 3: 16*psi/N
-where psi is what the GPU holds after tensor/pipeline sharding. Megatron's distributed optimizer shards the
-optimizer states like stage 1. fp32 training keeps 4 + 4 + 8 (no master copy). Offload (ZeRO-Offload, Ren
-et al. 2021) moves the optimizer states and the gradient partition to host memory (``host_bytes``);
-"optimizer+params" (ZeRO-Infinity, stage 3) moves the parameter partition too.
-
-``accounting="deepspeed"`` reproduces DeepSpeed's own estimator (docs: 'Memory Requirements'), which
-charges what its implementation allocates: full 16-bit parameters and gradients for stages 1-2 plus a
-16*psi/N fp32 partition (master, momentum, variance and fp32 gradients), 18*psi/N for stage 3, plus
-4 * largest layer of gathered parameters and gradients for stage 3 (carried in ``other_bytes``).
-
-Overheads are explicit terms of :class:`~orchestrator.estimate.cost.CostModel`: CUDA context and
-libraries, NCCL buffers per communicator, data-parallel gradient buckets, ZeRO-3 live parameters, and
-allocator fragmentation as a fraction of activations.
-
-A layout fits when the busiest GPU's total is within the device's capacity (HBM less what the driver keeps) and
-what it offloads within its share of host memory; ``within_headroom`` is the planner's stricter policy
-(``usable_bytes``: HBM less CostModel.hbm_headroom), which it prefers (planner.py).
+Model states follow ZeRO (Rajbhandari et al. 2020, section 3.1 and Table 1), or DeepSpeed's own estimator with
+``accounting="deepspeed"``. The formulas, the overheads and what fits: docs/cost-model.md, "estimate/memory.py".
 """
 from __future__ import annotations
 

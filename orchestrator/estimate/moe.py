@@ -1,39 +1,8 @@
-"""Mixture-of-Experts: the MoE block of one layer on one rank, and its expert-parallel all-to-all.
+"""Mixture-of-Experts: the MoE block of one layer on one rank (router, permutation, the experts' grouped GEMMs,
+shared expert, host launch floor, load imbalance) and its expert-parallel all-to-all.
 
-Sources: Megatron-Core MoE docs (``megatron/core/transformer/moe/README.md``: MoE parallel folding, the
-alltoall token dispatcher, grouped GEMM), Shazeer et al. 2017 (top-k gating), Fedus et al. 2021 (Switch
-Transformer: capacity factor, load-balancing loss), Rajbhandari et al. 2022 (DeepSpeed-MoE: expert groups
-inside the data-parallel ranks).
-
-Per micro-batch, a rank of the attention layout (tp x cp x dp) holds T = s*b/cp tokens, T/tp of them with
-sequence parallelism (required with MoE and tp > 1). Each token goes to router_topk experts. With ep x etp
-expert ranks per group and the alltoall dispatcher:
-
-* router: a T x h x E GEMM and a softmax / top-k over T x E scores (memory-bound);
-* permute and unpermute: the routed copies of the tokens are gathered into expert order and scattered
-  back: T*k rows of h, read and written, forward and backward;
-* dispatch and combine: two all-to-alls per layer forward, two backward, each sending a rank's
-  T*k*h*bytes*(ep-1)/ep (the share of the routed tokens whose expert lives elsewhere) over the expert
-  group, whose placement (one node or several) sets the bandwidth; with etp > 1 the etp ranks of an expert
-  also all-gather the tokens and reduce-scatter the results;
-* experts: the rank's E/ep local experts each run their GEMMs over m = T*k*etp/(E/ep) routed rows
-  (balanced routing), each expert's weights cut etp ways. Transformer Engine's GroupedLinear (what
-  Megatron-Core's --moe-grouped-gemm runs with the TE spec) issues one cuBLAS GEMM per expert, spread over
-  its pool of compute streams (:data:`GROUPED_GEMM_STREAMS`), so at most that many experts' GEMMs share the
-  SMs at a time and each round pays its own tile and wave quantisation (:func:`_grouped_expert_times`);
-* the shared expert, if any, is a dense tensor-parallel MLP every token passes;
-* eager element-wise work of some models (estimate/eager_ops.py): a biased model's per-expert fc2 bias, a
-  clamped activation's clamp, and what Megatron's ``moe_act`` / ``layernorm`` recompute modules redo;
-* host launch floor: eager PyTorch launches every kernel from the host, and a MoE layer launches many
-  (router, dispatch, and per local expert its GEMMs, in FP8 their casts, with biases their bias ops). Dropless
-  layers cannot run from CUDA graphs and sync the host on the token counts, so a layer takes at least its host time
-  (:func:`moe_host_s`), and the sync stops the host from running ahead: the experts' launches and the
-  next layer's attention on the GPU follow each other (:func:`with_dispatch_sync`);
-* load imbalance: dropless routing lets the busiest rank receive more than the mean; every rank waits for
-  it in the combine, so expert compute and all-to-all time scale by ``DROPLESS_IMBALANCE``, or by at most
-  the capacity factor when tokens beyond capacity are dropped. A benchmark run that forces balance
-  (Megatron's --moe-router-force-load-balancing, ``ModelShape.router_force_balance``) routes on random logits,
-  so its busiest rank exceeds the mean only by sampling noise (:func:`random_routing_imbalance`).
+What is counted and its sources (Megatron-Core's MoE docs, Switch Transformer, DeepSpeed-MoE):
+docs/cost-model.md, "estimate/moe.py".
 """
 from __future__ import annotations
 

@@ -56,21 +56,21 @@ class ModelShape:
     moe: MoEShape | None = None
     # Hidden and attention dropout probability. orch trains without dropout (render/megatron.py writes
     # --attention-dropout 0 --hidden-dropout 0; the reference trainer has none), so a spec's shape says 0; a
-    # published run states its own (orchestrator/published.py case_dropout). With 0 no mask is stored and no
+    # published run states its own (tests/published.py case_dropout). With 0 no mask is stored and no
     # dropout kernel runs (estimate/activations.py, estimate/compute.py).
     dropout: float = 0.0
     # The cross-entropy implementation the run's loss goes through (estimate/activations.py LOSS_IMPLS: what it
     # keeps of the logits for the backward; estimate/compute.py head_time_s: its memory traffic). orch's
     # Megatron runs: Megatron-Core's vocab-parallel cross entropy; orch's DeepSpeed runs: the reference
-    # trainer's torch cross entropy (step.py default_loss); a published run states its own (published.py
+    # trainer's torch cross entropy (step.py default_loss); a published run states its own (tests/published.py
     # case_loss).
     loss: str = "vocab_parallel"
     # The fused attention kernel (estimate/attention.py ATTENTION_IMPLS: its measured rate by head dimension and
     # sequence length, or the GPU's catalog figure). orch's own runs: "catalog"; a published run states its own
-    # (published.py case_attention).
+    # (tests/published.py case_attention).
     attention: str = "catalog"
     # Features Megatron-Core runs with extra eager kernels (estimate/eager_ops.py); orch's specs cannot state
-    # them, a published run does (published_layouts.py layout_case_shape_fields). ``fused_rope`` False: RoPE with
+    # them, a published run does (tests/published_layouts.py layout_case_shape_fields). ``fused_rope`` False: RoPE with
     # a YaRN attention factor, which Megatron-Core applies unfused; ``glu_clamp``: the experts' gated activation
     # clamps its inputs at this value first; ``recompute_modules``: Megatron's --recompute-modules beyond core
     # attention ("layernorm", "moe_act"), recomputed on top of the layout's recompute unless that is full.
@@ -82,7 +82,7 @@ class ModelShape:
     # router.
     router_force_balance: bool = False
     # Layer code in eager PyTorch instead of Megatron-Core's fused kernels (estimate/eager_ops.py); orch's specs
-    # cannot state it, a published run does (published.py case_shape_fields). ``layer_impl`` "torchtitan_llama":
+    # cannot state it, a published run does (tests/published.py case_shape_fields). ``layer_impl`` "torchtitan_llama":
     # torchtitan's Llama layer (complex RoPE, silu * mul, separate projections); ``eager_norm``: its norms are
     # torchtitan's eager RMSNorm (norm_type "rmsnorm") rather than a fused kernel.
     layer_impl: str = "megatron_core"

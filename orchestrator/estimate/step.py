@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import Problem, SpecError
-from ..layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_split
-from ..spec import Spec, default_host_memory_GiB
+from ..layout import FIELD_PATHS, Layout, layout_split
+from ..rules import check_layout
+from ..spec import Spec
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
 from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_gather_s, all_reduce_s,
@@ -29,6 +30,7 @@ from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, 
                    tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
+from .estimate_context import EstimateContext
 from .engines import (ds_bucket_all_reduce, ds_pipe_hand_overs, ds_pipe_partitioned, ds_pipeline_host_exposed,
                       ds_pipeline_reduces_after_flush, ds_zero3_runtime, grad_reduce_bytes)
 from .flops import FlopsEstimate, estimate_flops
@@ -36,71 +38,16 @@ from .context import rank_shape
 from .ds_runtime import (ds_backward_gather_passes, ds_partitioned_transfers_s, hp_grad_copies_s, offload_host_s,
                          sharding_stage, uses_bf16_optimizer, zero3_fetch_host_s, zero3_persistent_regather_s,
                          zero12_copies_s)
-from .hardware import Hardware, hardware_for
+from .hardware import Hardware
 from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
 from .params import (ModelShape, ParamsEstimate, ds_layer_modules, estimate_params, expert_params_per_layer_per_rank,
-                     largest_module_per_rank, model_shape)
+                     largest_module_per_rank)
 from .pipeline import bubble_fraction, pipeline_time_s
-from .precision import FP8_RECIPE, fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
+from .precision import fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
 from .uncertainty import layout_uncertainty, regime_of
-
-
-@dataclass(frozen=True)
-class EstimateContext:
-    """Everything an estimate needs from the spec, resolved once (the planner shares it)."""
-
-    shape: ModelShape
-    hw: Hardware
-    cost: CostModel
-    global_batch: int
-    precision: str
-    engine: str                   # training.engine: megatron | deepspeed
-    host_capacity_bytes: float    # host memory one process may fill with offloaded states
-    gpu: str = "h100-sxm"         # catalog key (FP8 GEMM rates)
-    engine_version: str | None = None   # DeepSpeed release the run uses; None: the one orch writes for
-                                        # (estimate/engines.py DEEPSPEED_VERSION; only published runs set it)
-    ep_a2a_overlap: bool = True   # False: a published run that ran without --overlap-moe-expert-parallel-comm
-                                  # (orch emits it wherever Megatron allows it; only published runs set it)
-    fp8_recipe: str = FP8_RECIPE  # the FP8 scaling recipe orch writes; a published run may have used another
-                                  # ("tensorwise": current scaling; only published runs set it)
-    distribute_saved_activations: bool = False   # full recompute keeps each layer's input split over the tp
-                                  # ranks (distributed_saved_input; only published runs set it: orch does not emit it)
-
-    @classmethod
-    def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None,
-           ep_a2a_overlap: bool = True, fp8_recipe: str = FP8_RECIPE,
-           distribute_saved_activations: bool = False, dropout: float = 0.0,
-           loss: str | None = None, shape_fields: dict | None = None) -> "EstimateContext":
-        """``dropout``: the hidden/attention dropout probability the run trains with (ModelShape.dropout); orch
-        trains without (0), a published run states its own (published.py case_dropout). ``loss``: the cross
-        entropy implementation (ModelShape.loss); None: what orch's engine trains with (:func:`default_loss`).
-        ``shape_fields``: ModelShape fields a published run states that a spec cannot (attention, fused_rope,
-        glu_clamp, recompute_modules, router_force_balance, layer_impl, eager_norm; orch's runs state none; published_layouts.py layout_case_shape_fields, published.py
-        case_shape_fields)."""
-        cost = cost or CostModel()
-        c = spec.cluster
-        host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
-        shape = model_shape(spec)
-        if dropout:
-            shape = dataclasses.replace(shape, dropout=dropout)
-        shape = dataclasses.replace(shape, loss=loss or default_loss(engine_of(spec)),
-                                    **(shape_fields or {}))
-        return cls(shape=shape, hw=hardware_for(spec, cost), cost=cost,
-                   global_batch=spec.training.global_batch_size, precision=spec.training.precision,
-                   engine=engine_of(spec),
-                   host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
-                   engine_version=engine_version, ep_a2a_overlap=ep_a2a_overlap, fp8_recipe=fp8_recipe,
-                   distribute_saved_activations=distribute_saved_activations)
-
-
-def default_loss(engine: str) -> str:
-    """The cross entropy orch's runs train with: Megatron-Core's vocab-parallel cross entropy (render/megatron.py
-    writes no --cross-entropy-loss-fusion; the native fusion keeps the same buffers), the reference trainer's
-    torch cross entropy on DeepSpeed (train/model.py lm_loss). estimate/activations.py LOSS_IMPLS."""
-    return "torch" if engine == "deepspeed" else "vocab_parallel"
 
 
 @dataclass(frozen=True)

@@ -1,44 +1,8 @@
 """render_megatron_args(plan) -> Megatron-LM ``pretrain_gpt.py`` tokens; render_megatron_config(plan) -> kwargs.
 
-Target: Megatron-LM tag ``core_v0.16.1``, the release matching the installed megatron-core 0.16.1. Every
-flag below exists in that tag's ``megatron/training/arguments.py`` (``schemas/megatron_lm_args.json`` lists
-them; a test fails when a rendered flag is missing there), none is deprecated (``--use-mcore-models`` is:
-Megatron-Core models are the default). Megatron's spellings live only in this module.
-
-How the layout maps onto Megatron-LM:
-
-* tp / pp -> ``--tensor-model-parallel-size`` / ``--pipeline-model-parallel-size``; vpp > 1 ->
-  ``--num-virtual-stages-per-pipeline-rank`` (the 0.16.1 spelling; Megatron refuses the per-stage
-  spelling with an uneven split); dp is what Megatron derives from WORLD_SIZE / (tp * pp), so it is
-  never passed. An uneven split (first_stage_layers / last_stage_layers) ->
-  ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``, and
-  ``num_layers_in_first/last_pipeline_stage`` in megatron_config.json; only when set, so even layouts
-  render as before.
-* ZeRO-0 -> Megatron's DDP. ZeRO-1 -> ``--use-distributed-optimizer`` (optimizer states sharded over dp).
-  ZeRO-2 / ZeRO-3 -> Megatron FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads``
-  / ``optim_grads_params``) with the flags its user guide requires: ``--use-distributed-optimizer
-  --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor``. Megatron FSDP asserts that
-  CUDA_DEVICE_MAX_CONNECTIONS is NOT 1, so :func:`megatron_env` leaves it out for these stages.
-* offload "optimizer" -> ``--optimizer-cpu-offload --use-precision-aware-optimizer`` (the hybrid
-  CPU/GPU optimizer; Adam only). Megatron-LM core_v0.16.1 has no flag that offloads parameters, so
-  "optimizer+params" renders the optimizer part only and :func:`render_megatron_notes` says so.
-* recompute selective -> ``--recompute-granularity selective``; full -> ``full`` with
-  ``--recompute-method uniform --recompute-num-layers 1`` (each layer's input kept, 2sbh per layer).
-* synthetic data -> ``--mock-data`` with ``NullTokenizer``. Megatron's null tokenizer appends an EOD id
-  (vocab = --vocab-size + 1), so ``--vocab-size`` is the spec's vocab_size - 1: the model's vocabulary is
-  then exactly vocab_size, padded to a multiple of 128 * tp as :func:`orchestrator.layout.padded_vocab_size`
-  predicts. A dataset path -> ``--data-path`` with the spec's tokenizer (HuggingFace) or, without one,
-  the same null tokenizer (pre-tokenized ids < vocab_size).
-* MoE, context parallelism, FP8 and kv_channels: :mod:`orchestrator.render.megatron_moe`.
-* The spec has no dropout field: orch trains without dropout (``--attention-dropout 0 --hidden-dropout 0``),
-  and the cost model prices it so (``ModelShape.dropout`` 0: no masks, no dropout kernels).
-
-``megatron_config.json`` holds ``TransformerConfig`` (+ ``ModelParallelConfig``) keyword arguments. JSON
-cannot hold torch objects, so the few fields that need one (``OBJECT_FIELDS``: dtypes, the activation
-function, the attention backend enum) hold the dotted name of the object, e.g. ``"torch.bfloat16"``;
-:func:`orchestrator.validate.megatron_core.resolve_config` turns them back into objects. Fields that are
-not TransformerConfig's (vocabulary, sequence length, position embedding, tied embeddings) are GPTModel
-arguments: the trainer reads them from spec.resolved.yaml.
+Targets Megatron-LM ``core_v0.16.1``: every flag exists in that tag's arguments.py (a test checks it), none is
+deprecated. Megatron's spellings live only here and in render/megatron_moe.py (MoE, CP, FP8, kv_channels).
+How each layout field maps onto Megatron-LM: docs/internals.md, "render/megatron.py".
 """
 from __future__ import annotations
 
@@ -60,7 +24,7 @@ _DECAY = {"cosine": "cosine", "linear": "linear", "constant": "constant"}
 
 
 def uses_megatron_fsdp(plan: Plan) -> bool:
-    """ZeRO-2/3 run on Megatron FSDP (see the module docstring)."""
+    """ZeRO-2/3 run on Megatron FSDP (docs/internals.md)."""
     return plan.layout.zero_stage >= 2
 
 

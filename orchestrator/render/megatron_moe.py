@@ -1,24 +1,7 @@
 """Megatron-LM arguments and TransformerConfig fields for MoE, context parallelism, FP8 and kv_channels.
 
-Pure functions of the Plan, composed by :mod:`orchestrator.render.megatron`. Flags of Megatron-LM
-``core_v0.16.1`` (``megatron/training/arguments.py``); config fields of Megatron-Core 0.16.1's
-``TransformerConfig`` / ``ModelParallelConfig``:
-
-* MoE -> ``--num-experts --moe-router-topk --moe-ffn-hidden-size --expert-model-parallel-size
-  --expert-tensor-parallel-size`` (always written: Megatron's default etp is tp), ``--moe-grouped-gemm``
-  (TE's grouped GEMM: one kernel for the rank's local experts), ``--moe-token-dispatcher-type alltoall``
-  (the dispatcher for ep > 1 in the Megatron-Core MoE docs), ``--moe-router-load-balancing-type aux_loss
-  --moe-aux-loss-coeff``; top-1 routing also needs ``--moe-router-pre-softmax`` (TransformerConfig refuses
-  top-1 without it). A capacity factor -> ``--moe-expert-capacity-factor`` with the ``probs`` drop policy
-  (dropless otherwise); a shared expert -> ``--moe-shared-expert-intermediate-size``; leading dense layers
-  -> ``--moe-layer-freq`` as Megatron's list expression ``([0]*k+[1]*(L-k))``. Where Megatron allows it
-  (ep > 1, no full recompute, interleaving with pp > 1, on GPUs) ``--overlap-moe-expert-parallel-comm``:
-  the all-to-all of one micro-batch overlaps another's compute (the cost model assumes it then).
-* cp > 1 -> ``--context-parallel-size cp --cp-comm-type p2p`` (the ring exchange the cost model assumes).
-* fp8 -> ``--bf16 --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 1024
-  --fp8-amax-compute-algo max``: E4M3 forward and E5M2 gradients with delayed scaling, Transformer
-  Engine's Hopper recipe (TE docs "Using FP8 with Transformer Engine"; the NeMo FP8 defaults).
-* kv_channels -> ``--kv-channels`` (only when set: the head dimension is then not hidden / heads).
+Pure functions of the Plan, composed by :mod:`orchestrator.render.megatron`, for Megatron-LM ``core_v0.16.1``.
+Which flags, and why: docs/internals.md, "render/megatron_moe.py".
 """
 from __future__ import annotations
 

@@ -1,26 +1,9 @@
 """Measured time inside collectives, split by what they do for the step.
 
-:class:`CommTimer` wraps the collective functions of a namespace (DeepSpeed's communication backend
-object ``deepspeed.comm.comm.cdb``, through which every DeepSpeed collective passes, or the
-``torch.distributed`` module for Megatron-Core) and charges each call to one bucket:
-
-- ``allreduce``: gradient reductions (all_reduce, reduce_scatter, reduce) over the data-parallel group;
-- ``allgather``: parameter all-gathers over the data-parallel group (ZeRO-1/2 after the step, ZeRO-3
-  before each use);
-- ``alltoall``: all-to-all exchanges on any group (MoE token dispatch and combine, Ulysses'
-  sequence/head exchange), forward and backward;
-- ``other``: every other collective that moves data (pipeline send/recv, tied-weight and tensor-
-  parallel reductions, broadcasts). Collectives on a group of one process move nothing and are ignored.
-
-Per call two times are kept. ``total``: from the call until the collective is known complete (a
-synchronous call's duration; for ``async_op=True``, from issue until its ``wait()`` returns, an upper
-bound). ``blocked``: time the calling (training) thread spent blocked in it (the duration of a
-synchronous call, the time inside ``wait()`` of an asynchronous one), i.e. the part NOT overlapped with
-compute. On CPU (gloo) this is host wall clock (``time.perf_counter``), exact because a collective
-returns when it is done. For CUDA tensors a synchronous collective is timed with CUDA events recorded on
-the current stream around it (both times = the event interval, resolved in :meth:`take` after the
-step's device synchronisation); asynchronous CUDA collectives are charged only their issue and wait()
-host time. The CUDA path has not been run on a GPU yet.
+:class:`CommTimer` wraps the collective functions of a namespace (DeepSpeed's ``cdb``, or ``torch.distributed``
+for Megatron-Core) and charges each call to one bucket (allreduce, allgather, alltoall, other) with its total
+and its blocked (not overlapped) time. The buckets, and how each time is taken on CPU and on CUDA:
+docs/internals.md, "telemetry/comm.py".
 """
 from __future__ import annotations
 

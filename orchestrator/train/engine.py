@@ -1,27 +1,9 @@
 """The DeepSpeed engines: the run dir's ds_config.json, unchanged, drives ``deepspeed.initialize``.
 
-- :class:`ZeroEngine` (pp = 1): the GPT module on DeepSpeed's engine, ZeRO stage 0-3, fp32 or bf16,
-  optional optimizer/parameter offload, gradient accumulation over micro-batches.
-- :class:`PipeEngine` (pp > 1): the same layers in DeepSpeed's PipelineModule (1F1B schedule,
-  ``train_batch``), ZeRO 0/1. An uneven split (parallelism.first_stage_layers / last_stage_layers) is
-  placed exactly: DeepSpeed's partition methods ("uniform", "parameters", "type:REGEX") balance a weight
-  per layer and cannot be told "2 blocks here, 3 there", so :func:`exact_pipeline_module` builds a
-  PipelineModule subclass whose partition step takes the bounds from
-  :func:`orchestrator.train.model.stage_bounds` (first stage: embeddings + its blocks; middle stages: their
-  blocks; last stage: its blocks + final norm + output, as Megatron-LM places them). An even split keeps
-  ds_config.json's partition method, as before.
-
-ZeroEngine also trains MoE models with expert parallelism (``ep`` ranks share each layer's experts:
-moe.py, DeepSpeed-MoE's groups and gradient reduction) and context parallelism as DeepSpeed-Ulysses
-(``cp`` consecutive ranks share each sequence, ulysses.py). With cp > 1, DeepSpeed sees every rank as
-data parallel (ds_config's ``sequence_parallel_size`` only makes its batch check count dp = world / cp):
-each rank's loss is the mean over its chunk of the positions, so the gradients averaged over all ranks
-are those of the mean over every token of the batch.
-
-Both wrap their compute (forward, backward, optimizer step) with the telemetry's BusyTimer, which
-subtracts the collectives inside them: that gives the compute time and the pipeline bubble. Both expose
-the same small interface to the trainer: ``train_step``, ``save``, ``load``, ``info``, ``close`` and the
-attributes ``device``, ``dp_rank``, ``dp_ranks``, ``stage_id``.
+:class:`ZeroEngine` (pp = 1: ZeRO 0-3, offload, MoE with expert parallelism, Ulysses context parallelism) and
+:class:`PipeEngine` (pp > 1: DeepSpeed's PipelineModule, an uneven split placed exactly), both with the
+trainer's small interface (``train_step``, ``save``, ``load``, ``info``, ``close``). Details:
+docs/internals.md, "train/engine.py".
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ then trains with Megatron-Core's own pieces: ``parallel_state``, ``GPTModel`` wi
 Transformer Engine) layer spec, its ``DistributedDataParallel`` (ZeRO-0) or distributed optimizer
 (ZeRO-1), ``get_forward_backward_func`` (1F1B, interleaved with vpp > 1), and ``OptimizerParamScheduler``.
 Telemetry, checkpoints (per-rank files + the same ``latest`` pointer), signals and exit codes are the
-DeepSpeed path's (trainer.train_loop).
+DeepSpeed path's (trainer.train_loop; trainer._run_megatron wires them to this engine).
 
 On CPU only parts of Megatron-Core run (ENV-NOTES: its GPT forward, RNG tracker and schedules call CUDA):
 ``--engine megatron`` then exits 2 with the reason, and :func:`check_megatron_on_cpu` exercises what does
@@ -21,7 +21,6 @@ the CPU check and the DeepSpeed path are tested.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -157,7 +156,8 @@ def check_megatron_on_cpu(run_dir) -> dict:
     import torch.distributed as dist  # noqa: PLC0415
     from megatron.core import parallel_state as ps  # noqa: PLC0415
 
-    from .model import GPT, MLP, count_parameters  # noqa: PLC0415
+    from .mlp import MLP  # noqa: PLC0415
+    from .model import GPT, count_parameters  # noqa: PLC0415
 
     spec, config = run_dir.spec, load_megatron_config(run_dir.path)
     init_parallel_state(config)
@@ -345,7 +345,7 @@ def _time_schedule(busy) -> None:
             setattr(schedules, name, timed)
 
 
-def _unsupported(spec) -> str | None:
+def unsupported_reason(spec) -> str | None:
     p = spec.parallelism
     if (p.zero_stage or 0) >= 2:
         return (f"zero_stage {p.zero_stage} maps to Megatron FSDP, which this reference engine does not run; "
@@ -353,43 +353,6 @@ def _unsupported(spec) -> str | None:
     if p.offload not in (None, "none"):
         return "offload is not supported by the Megatron-Core reference engine; use --engine deepspeed"
     return None
-
-
-def run_megatron(run_dir, options) -> int:
-    """Train with Megatron-Core (GPU only); same loop, telemetry and checkpoints as the DeepSpeed path."""
-    if not torch.cuda.is_available():
-        raise MegatronUnavailable(
-            "--engine megatron needs CUDA GPUs: Megatron-Core's GPT forward, RNG tracker and pipeline schedules "
-            "call CUDA directly. On CPU use --engine deepspeed; `python -m orchestrator.train.megatron_engine "
-            "--check RUN_DIR` (under torchrun) checks the parts of Megatron-Core that do run on CPU")
-    reason = _unsupported(run_dir.spec)
-    if reason:
-        raise MegatronUnavailable(reason)
-    import torch.distributed as dist  # noqa: PLC0415
-
-    from .data import build_dataset  # noqa: PLC0415
-    from .session import TelemetrySession  # noqa: PLC0415
-    from .trainer import check_world_size, train_loop  # noqa: PLC0415
-
-    check_world_size(run_dir.spec)
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl")
-    rank = dist.get_rank()
-    session = TelemetrySession(run_dir, engine_name="megatron", rank=rank, enabled=options.telemetry,
-                               synchronize=torch.cuda.synchronize)
-    session.install_comm(dist)
-    session.start_wandb(run_dir)
-    import megatron.core.distributed.param_and_grad_buffer as buffers  # noqa: PLC0415
-
-    if options.telemetry:
-        session.comm.install(buffers, {"dist_reduce_scatter_func": "reduce_scatter_tensor",
-                                       "dist_all_gather_func": "all_gather_into_tensor"})
-    engine = MegatronEngine(run_dir, build_dataset(run_dir.spec, run_dir.path), session.busy)
-    session.comm.set_dp_ranks(engine.dp_ranks)
-    code = train_loop(run_dir, options, engine, session, rank)
-    engine.close()
-    dist.destroy_process_group()
-    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .mlp import MLP
 from .ulysses import ContextGroup, heads_to_seq, seq_to_heads
 
 
@@ -101,27 +102,6 @@ class Attention(nn.Module):
         if self.cp is not None:
             y = heads_to_seq(y, self.cp)
         return self.out(y.reshape(b, s, self.num_heads * self.head_dim))
-
-
-class MLP(nn.Module):
-    """GeLU MLP (2 matrices) or SwiGLU (3 matrices: gate and up fused in fc1). The dense model's MLP by
-    default; the MoE experts and the shared expert pass their own ``ffn_hidden_size``."""
-
-    def __init__(self, m, ffn_hidden_size: int | None = None):
-        super().__init__()
-        ffn = ffn_hidden_size or m.ffn_hidden_size
-        self.gated = m.gated_mlp
-        self.fc1 = nn.Linear(m.hidden_size, (2 if self.gated else 1) * ffn, bias=m.add_bias_linear)
-        self.fc2 = nn.Linear(ffn, m.hidden_size, bias=m.add_bias_linear)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.fc1(x)
-        if self.gated:
-            gate, up = y.chunk(2, dim=-1)
-            y = F.silu(gate) * up
-        else:
-            y = F.gelu(y, approximate="tanh")
-        return self.fc2(y)
 
 
 class Block(nn.Module):

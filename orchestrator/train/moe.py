@@ -1,38 +1,9 @@
-"""Mixture-of-Experts feed-forward with expert parallelism, for the reference trainer.
+"""Mixture-of-Experts feed-forward with expert parallelism, for the reference trainer: a top-k router with
+Switch/GShard's load-balancing loss, an optional capacity, two all-to-alls (dispatch, combine) over ``ep``
+ranks, laid out as a DeepSpeed MoE layer so that DeepSpeed builds the expert groups and reduces the experts'
+gradients, and per-step routing statistics (:class:`MoEStats`).
 
-One MoE layer: a router picks ``router_topk`` of ``num_experts`` expert MLPs per token; the experts are
-spread over an expert-parallel group of ``ep`` ranks (``num_experts / ep`` each); tokens travel to the
-rank of their expert and back by two all-to-alls (dispatch and combine, alltoall.py), and the layer's
-output is the routing-weighted sum of the expert outputs (plus the shared expert, when there is one).
-
-- **Router** (:class:`Router`): a bias-free linear layer to one logit per expert, softmax in fp32, the
-  top-k probabilities renormalised to sum to 1 (Mixtral's and Qwen3's ``norm_topk_prob``). Its
-  load-balancing loss is Switch/GShard's: ``aux_loss_coeff * E * sum_e f_e * P_e`` with ``f_e`` the
-  fraction of the token-slots routed to expert e and ``P_e`` its mean router probability (Fedus et al.,
-  "Switch Transformers", 2021, eq. 4; Megatron-Core's ``switch_load_balancing_loss_func``). It is 1 *
-  coeff when the load is perfectly balanced.
-- **Capacity**: ``capacity_factor`` None is dropless (every token-slot reaches its expert: the exchange
-  has variable split sizes). A number caps each expert at ``ceil(capacity_factor * T * k / E)``
-  token-slots of the T tokens of this rank (Megatron's per-rank capacity); the slots beyond it, in token
-  order, are dropped (they add nothing to the output; the residual carries the token on).
-- **Expert parallelism**: expert e lives on rank ``e // (E / ep)`` of the group. Dispatch: the token-
-  slots sorted by expert, one all-to-all of the per-expert counts, one of the tokens; the receiving rank
-  runs its experts on what arrived from every rank; combine: the inverse all-to-all and a weighted
-  scatter-add into the token positions.
-- **DeepSpeed**: :class:`ExpertParallelMoE` is a ``deepspeed.moe.layer.MoE`` (DeepSpeed finds MoE
-  layers by that class) laid out as DeepSpeed-MoE lays out its own (``deepspeed_moe.experts.
-  deepspeed_experts.<local id>``), with its experts in DeepSpeed's ``Experts`` container, which marks
-  their parameters ``allreduce = False`` with the group name ``ep_size_<ep>``. So DeepSpeed itself
-  creates the expert-parallel and expert-data-parallel groups (``set_deepspeed_parallelism``), reduces
-  the experts' gradients over the expert-data-parallel group only (scaled by the full data-parallel
-  size, as the dense ones), puts them in their own ZeRO partitions and saves them per expert
-  (``layer_<i>_expert_<e>_mp_rank_00_model_states.pt``). Only DeepSpeed's gate and dispatcher are
-  replaced (its ``TopKGate`` supports k <= 2 and pads every expert to one capacity).
-- **Statistics** (:class:`MoEStats`): per step, the token-slots routed to each expert of each layer, the
-  slots dropped and the aux loss, summed over micro-batches; telemetry sums them over ranks.
-
-Initialisation: expert g of layer l is drawn from its own generator (seed, l, g), so a model is the same
-whatever ep is (the expert-parallel tests compare an ep = 2 run with a 1-process one).
+The router, capacity, dispatch, DeepSpeed layout and initialisation: docs/internals.md, "train/moe.py".
 """
 from __future__ import annotations
 
@@ -46,6 +17,7 @@ from deepspeed.moe.layer import MoE as DeepSpeedMoE
 from torch import nn
 
 from .alltoall import all_to_all, exchange
+from .mlp import MLP
 
 
 @dataclass(frozen=True)
@@ -111,7 +83,7 @@ class Routing:
 
 
 def load_balancing_loss(probs: torch.Tensor, routed: torch.Tensor, topk: int, coeff: float) -> torch.Tensor:
-    """Switch/GShard aux loss: coeff * E * sum_e f_e * P_e (see the module doc)."""
+    """Switch/GShard aux loss: coeff * E * sum_e f_e * P_e (docs/internals.md)."""
     num_tokens, num_experts = probs.shape
     fraction = routed.to(probs.dtype) / (num_tokens * topk)
     return coeff * num_experts * torch.sum(fraction * probs.mean(dim=0))
@@ -212,7 +184,7 @@ class TokenDispatcher(nn.Module):
 
 
 class ExpertParallelMoE(DeepSpeedMoE):
-    """The MoE feed-forward of one layer, as a DeepSpeed MoE layer (see the module doc).
+    """The MoE feed-forward of one layer, as a DeepSpeed MoE layer (docs/internals.md).
 
     ``DeepSpeedMoE.__init__`` is not called: it would build DeepSpeed's own gate and dispatcher. The
     attributes DeepSpeed's engine and checkpointing read are set here instead.
@@ -221,8 +193,6 @@ class ExpertParallelMoE(DeepSpeedMoE):
     def __init__(self, m, *, ep_size: int = 1, layer_index: int = 0, seed: int = 0,
                  residual_std: float = 0.02, stats: MoEStats | None = None):
         """``m``: the spec's ``model`` section (with ``moe``)."""
-        from .model import MLP  # noqa: PLC0415
-
         nn.Module.__init__(self)
         shape = moe_shape(m)
         if shape.num_experts % ep_size:

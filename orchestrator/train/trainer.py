@@ -91,9 +91,7 @@ def run(options: TrainOptions) -> int:
     hold_run_dir(run_dir.path)
     engine = options.engine or run_dir.spec.training.engine or "deepspeed"
     if engine == "megatron":
-        from .megatron_engine import run_megatron  # noqa: PLC0415
-
-        return run_megatron(run_dir, options)
+        return _run_megatron(run_dir, options)
     if engine != "deepspeed":
         raise SpecError(f"unknown engine {engine!r}", path="--engine")
     check_world_size(run_dir.spec)
@@ -131,6 +129,46 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
     session.start_wandb(run_dir)
     engine = build_engine(spec, run_dir.ds_config, build_dataset(spec, run_dir.path), session.busy,
                           resolved_layout(run_dir))
+    session.comm.set_dp_ranks(engine.dp_ranks)
+    code = train_loop(run_dir, options, engine, session, rank)
+    engine.close()
+    dist.destroy_process_group()
+    return code
+
+
+def _run_megatron(run_dir, options: TrainOptions) -> int:
+    """Train with Megatron-Core (GPU only); same loop, telemetry and checkpoints as the DeepSpeed path."""
+    import torch  # noqa: PLC0415
+
+    from .megatron_engine import MegatronEngine, MegatronUnavailable, unsupported_reason  # noqa: PLC0415
+
+    if not torch.cuda.is_available():
+        raise MegatronUnavailable(
+            "--engine megatron needs CUDA GPUs: Megatron-Core's GPT forward, RNG tracker and pipeline schedules "
+            "call CUDA directly. On CPU use --engine deepspeed; `python -m orchestrator.train.megatron_engine "
+            "--check RUN_DIR` (under torchrun) checks the parts of Megatron-Core that do run on CPU")
+    reason = unsupported_reason(run_dir.spec)
+    if reason:
+        raise MegatronUnavailable(reason)
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from .data import build_dataset  # noqa: PLC0415
+    from .session import TelemetrySession  # noqa: PLC0415
+
+    check_world_size(run_dir.spec)
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    session = TelemetrySession(run_dir, engine_name="megatron", rank=rank, enabled=options.telemetry,
+                               synchronize=torch.cuda.synchronize)
+    session.install_comm(dist)
+    session.start_wandb(run_dir)
+    import megatron.core.distributed.param_and_grad_buffer as buffers  # noqa: PLC0415
+
+    if options.telemetry:
+        session.comm.install(buffers, {"dist_reduce_scatter_func": "reduce_scatter_tensor",
+                                       "dist_all_gather_func": "all_gather_into_tensor"})
+    engine = MegatronEngine(run_dir, build_dataset(run_dir.spec, run_dir.path), session.busy)
     session.comm.set_dp_ranks(engine.dp_ranks)
     code = train_loop(run_dir, options, engine, session, rank)
     engine.close()

@@ -74,7 +74,7 @@ def validate_path(path: str | Path, *, world_size: int | None = None, model_para
 
 
 def validate_spec_file(path: Path) -> list[Problem]:
-    from ..spec import load_spec  # noqa: PLC0415
+    from ..spec_loader import load_spec  # noqa: PLC0415
 
     try:
         load_spec(path)

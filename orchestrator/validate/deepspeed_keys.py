@@ -2,25 +2,8 @@
 
 ``python -m orchestrator.validate.deepspeed_keys --regenerate`` rewrites
 ``orchestrator/validate/_deepspeed_keys_data.py``; ``--check`` exits 1 when that file is stale (a test runs
-it). The static checks in :mod:`orchestrator.validate.deepspeed` read only the generated module, so
-``orch validate`` never imports deepspeed, yet its key lists are what DeepSpeed really reads, not a guess.
-
-How each fact is obtained (nothing is typed in by hand except the three open sections orch checks):
-
-* top-level keys: ``DeepSpeedConfig`` is built from a dict subclass that records every key DeepSpeed looks
-  up (``in``, ``[]``, ``.get``, ``.pop``) with the default it passes; a canary key proves that merely
-  present keys are not recorded. Keys ``deepspeed.initialize`` reads from the raw dict are found by
-  reading its source (AST). Keys DeepSpeed lists as removed (it refuses them) are kept apart.
-* value types of top-level scalars: the type of the default DeepSpeed passes to ``.get`` (bool, float).
-* sections parsed by a pydantic model: found by handing each top-level key ``{"orch_canary_key": 1}`` and
-  seeing which ``DeepSpeedConfigModel`` rejects the canary; the model's fields (and aliases), their
-  annotations and enum values give the keys, types and choices, recursively for nested models.
-* open sections (DeepSpeed ignores unknown keys): ``optimizer`` and ``scheduler`` keys from the recorded
-  look-ups; ``pipeline`` keys from DeepSpeed's pipeline defaults plus what its pipeline engine reads (AST).
-* optimizer / scheduler type names: DeepSpeed's own optimizer list (compared lower-case, as DeepSpeed
-  does) and LR-schedule list, plus the ``torch.optim`` / ``torch.optim.lr_scheduler`` classes DeepSpeed
-  falls back to by exact name.
-* paths where DeepSpeed's own default is the string "auto" (so "auto" there is not an HF leftover).
+it). ``orch validate`` reads only the generated module, so it never imports deepspeed. How each fact is
+obtained: docs/internals.md, "validate/deepspeed_keys.py".
 """
 from __future__ import annotations
 

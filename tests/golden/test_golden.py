@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.plan import build_plan
 from orchestrator.rundir import write_run_dir
-from orchestrator.spec import load_spec
+from orchestrator.spec_loader import load_spec
 from tests.conftest import EXAMPLES
 
 GOLDEN = Path(__file__).resolve().parent

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.plan import build_plan
 from orchestrator.rundir import write_run_dir
-from orchestrator.spec import load_spec
+from orchestrator.spec_loader import load_spec
 from orchestrator.validate import validate_path
 from orchestrator.validate._ds_probe import ProbeRequest, probe_ds_configs
 from tests.conftest import EXAMPLES

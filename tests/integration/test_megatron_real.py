@@ -65,13 +65,13 @@ CASES = [f"example:{p.stem}" for p in sorted(EXAMPLES.glob("*.yaml"))] + sorted(
 def plan_of(case: str):
     if case.startswith("published:"):
         from orchestrator.plan import build_plan
-        from orchestrator.published_layouts import layout_case_spec, load_layout_cases
+        from tests.published_layouts import layout_case_spec, load_layout_cases
 
         [pub] = [c for c in load_layout_cases(PUBLISHED) if c["id"] == case.split(":", 1)[1]]
         return build_plan(layout_case_spec(pub), top_k=1)
     if case.startswith("example:"):
         from orchestrator.plan import build_plan
-        from orchestrator.spec import load_spec
+        from orchestrator.spec_loader import load_spec
 
         return build_plan(load_spec(EXAMPLES / f"{case.split(':', 1)[1]}.yaml"))
     return fixed_plan(spec_data(**FIXED[case]))

@@ -192,7 +192,7 @@ def test_validating_several_run_dirs_asks_each_library_once_and_says_what_it_doe
     from orchestrator.cli import main
     from orchestrator.plan import build_plan
     from orchestrator.rundir import write_run_dir
-    from orchestrator.spec import parse_spec
+    from orchestrator.spec_loader import parse_spec
     from orchestrator.validate import _ds_probe, megatron_lm
     from orchestrator.validate.megatron_core import megatron_core_available
     from tests.conftest import spec_data

@@ -27,7 +27,7 @@ def make_run_dir(path: Path, *, planned: bool = False, **overrides) -> Path:
     data = spec_data(**overrides)
     if planned:
         from orchestrator.plan import build_plan
-        from orchestrator.spec import parse_spec
+        from orchestrator.spec_loader import parse_spec
 
         plan = build_plan(parse_spec(data))
     else:

@@ -35,7 +35,7 @@ def make_run_dir(path: Path, records: list[dict] | None = None, **overrides) -> 
     """A planned run dir of spec_data(**overrides) (predictions in plan.json) with ``records`` as metrics."""
     from orchestrator.plan import build_plan
     from orchestrator.rundir import write_run_dir
-    from orchestrator.spec import parse_spec
+    from orchestrator.spec_loader import parse_spec
 
     out = write_run_dir(build_plan(parse_spec(spec_data(**overrides))), path)
     if records is not None:

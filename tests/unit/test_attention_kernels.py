@@ -11,9 +11,9 @@ from orchestrator.estimate.cost import CostModel
 from orchestrator.estimate.hardware import hardware_for
 from orchestrator.estimate.params import ModelShape
 from orchestrator.estimate.step import EstimateContext
-from orchestrator.published import (EXTRA_CASES, MPT_FSDP, MPT_SHAPES, TORCHTITAN_FSDP, case_attention,
+from tests.published import (EXTRA_CASES, MPT_FSDP, MPT_SHAPES, TORCHTITAN_FSDP, case_attention,
                                     published_estimate)
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 A100 = "a100-80gb"
 

@@ -13,7 +13,7 @@ from orchestrator.cli import main
 from orchestrator.errors import SpecError
 from orchestrator.estimate import CostModel
 from orchestrator.layout import require_complete
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 from tests.conftest import EXAMPLES, spec_data
 from tests.unit.compare_support import make_run_dir, record
 

@@ -106,7 +106,7 @@ def test_doctor_help_and_status_import_no_training_stack(tmp_path):
 def test_uneven_split_in_plan_json_and_generated_run_dir(tmp_path, capsys):
     """BLOOM-176B's layout: the split appears in the LAYOUT record, spec.resolved.yaml, the Megatron files,
     and plan.json notes that ds_config.json cannot express it (orch's trainer places it)."""
-    from orchestrator.published import BLOOM_176B, throughput_spec
+    from tests.published import BLOOM_176B, throughput_spec
     from orchestrator.spec import spec_to_data
 
     path = tmp_path / "bloom.yaml"

@@ -3,7 +3,7 @@ import json
 from pathlib import Path
 
 from orchestrator.plan import build_plan
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 RUNS = json.loads((Path(__file__).resolve().parents[1] / "data" / "cpu-measured.json").read_text())
 

@@ -10,7 +10,7 @@ from orchestrator.estimate.compute import KERNELS_BWD, KERNELS_FWD, estimate_lay
 from orchestrator.estimate.layer import LayerKey, rank_layer
 from orchestrator.estimate.moe import HOST_OP_S, dense_host_s, moe_block_host_s, moe_host_s
 from orchestrator.estimate.step import EstimateContext
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 KEY = LayerKey(tp=1, cp=1, ep=1, etp=1, mb=1, sp=False, recompute="none")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.doctor.report import build_report, render_text
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 from orchestrator.telemetry.metrics import ROW, RunConstants, build_record
 from orchestrator.telemetry.straggler import StragglerConfig, StragglerDetector, rank_spread
 from tests.conftest import spec_data
@@ -94,7 +94,7 @@ def test_measured_doctor_json_replaces_the_catalog_figures_and_plan_json_says_so
     import sys
     from pathlib import Path
 
-    from orchestrator.spec import load_spec
+    from orchestrator.spec_loader import load_spec
 
     example = Path(__file__).resolve().parents[2] / "examples" / "llama3-8b-64xh100.yaml"
     spec = load_spec(example)

@@ -11,10 +11,10 @@ from orchestrator.estimate.params import ModelShape, model_shape
 from orchestrator.estimate.step import EstimateContext
 from orchestrator.plan import build_plan
 from orchestrator.planner import search
-from orchestrator.published import BLOOM_176B, MPT_FSDP, NEOX_20B, TORCHTITAN_FSDP, case_dropout, load_cases
-from orchestrator.published_layouts import layout_case_dropout, load_layout_cases
+from tests.published import BLOOM_176B, MPT_FSDP, NEOX_20B, TORCHTITAN_FSDP, case_dropout, load_cases
+from tests.published_layouts import layout_case_dropout, load_layout_cases
 from orchestrator.render.megatron import render_megatron_args, render_megatron_config
-from orchestrator.spec import load_spec
+from orchestrator.spec_loader import load_spec
 from tests.conftest import ROOT
 
 S, B, H, A, T = 2048, 1, 20480, 128, 8

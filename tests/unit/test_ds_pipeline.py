@@ -9,8 +9,8 @@ from orchestrator.estimate import CostModel
 from orchestrator.estimate.engines import ds_bf16_optimizer, ds_pipeline_reduces_after_flush
 from orchestrator.estimate.step import EstimateContext, estimate
 from orchestrator.layout import Layout
-from orchestrator.published import MT_NLG_530B, published_estimate
-from orchestrator.spec import parse_spec
+from tests.published import MT_NLG_530B, published_estimate
+from orchestrator.spec_loader import parse_spec
 
 
 def _spec(engine: str):
@@ -55,7 +55,7 @@ def test_per_gpu_throughput_falls_with_dp_at_fixed_batch():
 
 
 def test_a_case_states_its_network():
-    from orchestrator.published import BLOOM_176B, throughput_spec
+    from tests.published import BLOOM_176B, throughput_spec
 
     spec = throughput_spec(BLOOM_176B)
     assert spec.cluster.inter_node_bandwidth_GBps == pytest.approx(400 / 8 / 8 * 0.9)   # 4x 100 Gb/s per node
@@ -196,7 +196,7 @@ def test_pipeline_gap_benchmark_takes_the_accuracy_tables_published_step():
     import importlib.util
     from pathlib import Path
 
-    from orchestrator.published import EXTRA_CASES, published_step_s
+    from tests.published import EXTRA_CASES, published_step_s
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "ds_pipeline_gap.py"
     spec = importlib.util.spec_from_file_location("ds_pipeline_gap", path)

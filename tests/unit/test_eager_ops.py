@@ -11,7 +11,7 @@ from orchestrator.estimate.compute import estimate_layer_time
 from orchestrator.estimate.eager_ops import expert_bias_work, glu_clamp_work
 from orchestrator.estimate.moe import HOST_OP_S, expert_work, moe_block_host_s, moe_mlp_times
 from orchestrator.estimate.step import EstimateContext
-from orchestrator.published_layouts import (layout_case_shape_fields, layout_case_spec, load_layout_cases,
+from tests.published_layouts import (layout_case_shape_fields, layout_case_spec, load_layout_cases,
                                             predicted_layout)
 from tests.conftest import ROOT
 

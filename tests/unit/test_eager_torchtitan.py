@@ -10,7 +10,7 @@ import pytest
 from orchestrator.estimate.compute import _memory_bound_bytes, estimate_layer_time
 from orchestrator.estimate.eager_ops import eager_rmsnorm_work, torchtitan_llama_work
 from orchestrator.estimate.step import EstimateContext
-from orchestrator.published import (EXTRA_CASES, MPT_FSDP, TORCHTITAN_FSDP, case_shape_fields, published_estimate,
+from tests.published import (EXTRA_CASES, MPT_FSDP, TORCHTITAN_FSDP, case_shape_fields, published_estimate,
                                     throughput_spec)
 
 CASES = {c["id"]: c for c in TORCHTITAN_FSDP}

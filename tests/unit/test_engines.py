@@ -9,7 +9,7 @@ from orchestrator.estimate.cost import CostModel
 from orchestrator.estimate.engines import ds_bucket_all_reduce, ds_zero12_copy_bytes
 from orchestrator.estimate.hardware import hardware_for
 from orchestrator.layout import require_complete
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 from tests.conftest import spec_data
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.estimate.activations import estimate_activations, in_flight_chunks, layer_activation_bytes
 from orchestrator.estimate.params import ModelShape
-from orchestrator.published import load_cases
+from tests.published import load_cases
 from tests.conftest import ROOT
 
 CASES = load_cases(ROOT / "tests" / "data" / "published-cases.json")

@@ -12,7 +12,7 @@ from orchestrator.estimate.comm import (NCCL_BASE_US, NCCL_HOP_US, DataParallelW
                                         zero3_gather_host_s)
 from orchestrator.estimate.cost import CostModel
 from orchestrator.estimate.hardware import hardware_for
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 
 def hw(**cluster):

@@ -8,7 +8,7 @@ from orchestrator.estimate.compute import (causal_fraction, estimate_layer_time,
 from orchestrator.estimate.cost import CostModel
 from orchestrator.estimate.hardware import hardware_for
 from orchestrator.estimate.params import model_shape
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 CEIL = 0.8
 

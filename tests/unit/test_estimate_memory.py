@@ -7,7 +7,7 @@ from orchestrator.estimate.cost import CostModel
 from orchestrator.estimate.memory import DEEPSPEED, estimate_model_states, estimate_overheads
 from orchestrator.estimate.step import EstimateContext, estimate_memory
 from orchestrator.layout import Layout
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 PSI = 7.5e9
 

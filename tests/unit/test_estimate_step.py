@@ -8,7 +8,7 @@ import pytest
 from orchestrator.errors import SpecError
 from orchestrator.estimate import CostModel, estimate_layout
 from orchestrator.layout import Layout
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 SPEC = parse_spec({"name": "s", "model": {"preset": "gpt3-7.5b"},
                    "cluster": {"gpu": "a100-80gb", "num_nodes": 8, "gpus_per_node": 8},
@@ -101,7 +101,7 @@ def test_stage_times_closed_form():
 
 def test_uneven_split_step_time_follows_the_slowest_stage():
     """BLOOM-176B's 5 + 10x6 + 5 on pp = 12: the pipeline term is m*(t_slowest + x) + (p-1)*(t_mean + x)."""
-    from orchestrator.published import BLOOM_176B, throughput_spec
+    from tests.published import BLOOM_176B, throughput_spec
 
     spec = throughput_spec(BLOOM_176B)
     lay = Layout(tp=4, pp=12, vpp=1, dp=8, zero_stage=1, micro_batch_size=2, sequence_parallel=False,

@@ -16,9 +16,9 @@ from orchestrator.catalog.gpus import DRIVER_RESERVED_FRACTION, GPUS
 from orchestrator.estimate.cost import CostModel
 from orchestrator.plan import build_plan
 from orchestrator.planner import NoFitError, search
-from orchestrator.published import (MPT_FSDP, case_dropout, case_engine_version, case_loss,
+from tests.published import (MPT_FSDP, case_dropout, case_engine_version, case_loss,
                                     case_shape_fields, published_estimate, throughput_spec)
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 GiB = 2**30
 MPT_1B = next(c for c in MPT_FSDP if c["id"] == "llmfoundry_mpt_1b_fsdp_64gpu")

@@ -18,7 +18,7 @@ from orchestrator.launch import slurm
 from orchestrator.launch.base import JobRecord, JobState
 from orchestrator.render.scripts import render_sbatch, sbatch_directives
 from orchestrator.rundir import read_run_dir, write_run_dir
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 from tests.conftest import fixed_plan, spec_data
 from tests.deadlines import scaled_s
 

@@ -10,8 +10,8 @@ from orchestrator.estimate.activations import estimate_activations, logits_bytes
 from orchestrator.estimate.compute import head_time_s
 from orchestrator.estimate.params import ModelShape
 from orchestrator.estimate.step import EstimateContext
-from orchestrator.published import EXTRA_CASES, MPT_FSDP, case_loss, published_estimate, throughput_spec
-from orchestrator.spec import parse_spec
+from tests.published import EXTRA_CASES, MPT_FSDP, case_loss, published_estimate, throughput_spec
+from orchestrator.spec_loader import parse_spec
 
 MPT_3B = ModelShape(num_layers=32, hidden_size=2560, num_attention_heads=20, num_query_groups=20,
                     ffn_hidden_size=10240, vocab_size=50368, seq_length=2048)

@@ -19,8 +19,8 @@ from orchestrator.estimate.step import EstimateContext, estimate_layout
 from orchestrator.layout import layout_from_spec
 from orchestrator.estimate.cost import CostModel
 from orchestrator.plan import build_plan
-from orchestrator.published_layouts import layout_case_spec, load_layout_cases, moe_layer_case_shape, predicted_layout
-from orchestrator.spec import parse_spec
+from tests.published_layouts import layout_case_spec, load_layout_cases, moe_layer_case_shape, predicted_layout
+from orchestrator.spec_loader import parse_spec
 from tests.conftest import ROOT
 
 MOE_PERF = json.loads((ROOT / "tests" / "data" / "megatron-moe-perf-h100.json").read_text())

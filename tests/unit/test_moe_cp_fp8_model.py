@@ -14,8 +14,8 @@ from orchestrator.estimate.step import EstimateContext, estimate_layout
 from orchestrator.layout import layout_from_spec
 from orchestrator.plan import build_plan
 from orchestrator.planner import search
-from orchestrator.published_layouts import layout_case_spec, load_layout_cases, predicted_layout
-from orchestrator.spec import parse_spec
+from tests.published_layouts import layout_case_spec, load_layout_cases, predicted_layout
+from orchestrator.spec_loader import parse_spec
 from tests.conftest import ROOT
 
 CASES = load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.estimate.moe import DROPLESS_IMBALANCE, expert_work, random_routing_imbalance
 from orchestrator.estimate.params import model_shape
-from orchestrator.published_layouts import layout_case_shape_fields, layout_case_spec, load_layout_cases
+from tests.published_layouts import layout_case_shape_fields, layout_case_spec, load_layout_cases
 from tests.conftest import ROOT
 
 CASES = ROOT / "tests/data/published-moe-cp-fp8.json"

@@ -5,7 +5,8 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.layout import layout_from_spec
-from orchestrator.spec import parse_spec, spec_sha256, spec_to_data
+from orchestrator.spec import spec_sha256, spec_to_data
+from orchestrator.spec_loader import parse_spec
 from tests.conftest import spec_data
 
 MOE = {"model.preset": "tiny-moe"}

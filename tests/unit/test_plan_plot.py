@@ -12,7 +12,7 @@ import pytest
 from orchestrator.plan_plot import (MAX_BARS, MEMORY_PARTS, TIME_PARTS, layout_label, memory_parts_bytes,
                                     time_parts_s)
 from orchestrator.planner import search
-from orchestrator.spec import load_spec
+from orchestrator.spec_loader import load_spec
 from tests.conftest import EXAMPLES, ROOT
 from tests.unit.test_cli_plan import run_cli
 

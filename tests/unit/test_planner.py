@@ -5,9 +5,10 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.estimate import estimate_layout
-from orchestrator.layout import check_layout, layout_from_spec
+from orchestrator.layout import layout_from_spec
+from orchestrator.rules import check_layout
 from orchestrator.planner import NoFitError, enumerate_layouts, search
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 
 
 def spec(preset="gpt3-7.5b", gpu="a100-80gb", nodes=2, batch=128, **par):
@@ -159,7 +160,7 @@ def test_fixed_split_constrains_every_pipeline_degree():
 
 
 def test_bloom_plans_its_published_uneven_split():
-    from orchestrator.published import BLOOM_176B, throughput_spec
+    from tests.published import BLOOM_176B, throughput_spec
 
     chosen = search(throughput_spec(BLOOM_176B), top_k=1).chosen
     assert chosen.layout.tag() == "tp4-pp12-f5l5-dp8-z1-mb2" and chosen.fits

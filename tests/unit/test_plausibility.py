@@ -11,8 +11,8 @@ from orchestrator.estimate.flops import estimate_flops
 from orchestrator.estimate.plausibility import MFU_MARGIN, mfu_bound, mfu_warnings
 from orchestrator.estimate.step import EstimateContext
 from orchestrator.planner import search
-from orchestrator.published_layouts import layout_case_shape_fields, layout_case_spec, load_layout_cases
-from orchestrator.spec import parse_spec
+from tests.published_layouts import layout_case_shape_fields, layout_case_spec, load_layout_cases
+from orchestrator.spec_loader import parse_spec
 
 A100, H100 = GPUS["a100-80gb"], GPUS["h100-sxm"]
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -10,7 +10,7 @@ Tolerances (issue 3, section 3):
   figure (+-0.5 TFLOP/s per GPU, +-0.05 PFLOP/s printed).
 * Every Table 1 row: the published layout fits in 80 GB (no false OOM: tests/unit/test_published_fit.py); its
   predicted TFLOP/s per GPU, counting recompute FLOPs as the paper does, is within +-15% of the published
-  figure (micro-batch and interleaving, unpublished, are chosen as orchestrator.published.published_estimate
+  figure (micro-batch and interleaving, unpublished, are chosen as tests.published.published_estimate
   documents); and the planner's own choice with every field open is predicted at least as fast as the
   published layout.
 """
@@ -25,7 +25,7 @@ from orchestrator.estimate.flops import estimate_flops, narayanan_flops
 from orchestrator.estimate.memory import DEEPSPEED, ZERO3_LIVE_FACTOR, estimate_model_states
 from orchestrator.estimate.step import EstimateContext, estimate_memory
 from orchestrator.planner import search
-from orchestrator.published import case_engine_version, load_cases, published_estimate, throughput_spec
+from tests.published import case_engine_version, load_cases, published_estimate, throughput_spec
 from tests.conftest import ROOT
 
 CASES = load_cases(ROOT / "tests" / "data" / "published-cases.json")
@@ -113,7 +113,7 @@ def test_layers_not_dividing_pp_become_the_balanced_uneven_split():
     """BLOOM-176B (not in the reference file): 70 layers on pp 12 -> 5 + 10 x 6 + 5, as its partition ran it
     (embedding and tied output layer each counted as a layer). Throughput is printed by benchmarks/accuracy.py
     with no tolerance; here only the conversion and that the published layout fits."""
-    from orchestrator.published import BLOOM_176B
+    from tests.published import BLOOM_176B
 
     spec = throughput_spec(BLOOM_176B)
     p = spec.parallelism

@@ -13,8 +13,8 @@ import pytest
 
 from orchestrator.plan import build_plan
 from orchestrator.planner import NoFitError
-from orchestrator.published import EXTRA_CASES, load_cases, published_estimate, zero3_530b_case
-from orchestrator.published_layouts import layout_case_spec, load_layout_cases, predicted_layout
+from tests.published import EXTRA_CASES, load_cases, published_estimate, zero3_530b_case
+from tests.published_layouts import layout_case_spec, load_layout_cases, predicted_layout
 from tests.conftest import ROOT
 
 DATA = ROOT / "tests" / "data"

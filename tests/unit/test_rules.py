@@ -7,8 +7,9 @@ import sys
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.layout import Layout, check_layout, padded_vocab_size, require_complete
-from orchestrator.spec import parse_spec
+from orchestrator.layout import Layout, padded_vocab_size, require_complete
+from orchestrator.rules import check_layout
+from orchestrator.spec_loader import parse_spec
 from tests.conftest import spec_data
 
 BIG = {"model.preset": "gpt3-7.5b", "cluster.gpu": "a100-80gb", "cluster.num_nodes": 8,
@@ -153,7 +154,7 @@ def test_open_fields_are_a_clear_error_for_fixed_only_callers():
 
 def test_batch_hint_names_two_different_multiples_or_one():
     from orchestrator.errors import SpecError
-    from orchestrator.spec import parse_spec
+    from orchestrator.spec_loader import parse_spec
 
     for batch, hint in ((8, "e.g. 32"), (40, "e.g. 32 or 64")):     # before: "e.g. 32 or 32" for 8
         data = spec_data(**{"cluster.num_nodes": 8, "training.global_batch_size": batch})
@@ -162,8 +163,13 @@ def test_batch_hint_names_two_different_multiples_or_one():
         assert any(p.hint.endswith(hint) for p in info.value.problems), info.value.problems
 
 
-def test_parallel_rules_imports_before_layout():
-    """layout.py and parallel_rules.py import each other; either may be imported first (a fresh process)."""
-    code = "import orchestrator.parallel_rules, orchestrator.layout as L; print(len(L.LAYOUT_RULES))"
+def test_every_rule_module_is_in_the_rule_lists_whichever_is_imported_first():
+    """rules.py joins layout.py's structural rules and parallel_rules.py's (MoE, CP, FP8); in a fresh process
+    either rule module may be imported first, and the joined lists hold every rule of both, once."""
+    code = ("import orchestrator.parallel_rules as P, orchestrator.layout as L, orchestrator.rules as R\n"
+            "assert R.LAYOUT_RULES == L.LAYOUT_RULES + P.LAYOUT_RULES and len(set(R.LAYOUT_RULES)) == "
+            "len(R.LAYOUT_RULES)\n"
+            "assert R.MODEL_RULES == L.MODEL_RULES + P.MODEL_RULES and R.SPEC_RULES == L.SPEC_RULES + P.SPEC_RULES\n"
+            "assert P.rule_fp8_dims in R.LAYOUT_RULES and L.rule_world_size in R.LAYOUT_RULES")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from orchestrator.errors import SpecError
-from orchestrator.spec import load_spec, parse_spec, spec_sha256, spec_to_data
+from orchestrator.spec import spec_sha256, spec_to_data
+from orchestrator.spec_loader import load_spec, parse_spec
 from tests.conftest import TINY_SPEC, spec_data
 
 

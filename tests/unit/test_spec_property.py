@@ -7,8 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.errors import SpecError
-from orchestrator.layout import Layout, check_layout
-from orchestrator.spec import parse_spec
+from orchestrator.layout import Layout
+from orchestrator.rules import check_layout
+from orchestrator.spec_loader import parse_spec
 from tests.conftest import TINY_SPEC
 
 PATHS = [

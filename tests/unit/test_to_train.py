@@ -10,7 +10,8 @@ import yaml
 from orchestrator.cli.plan import COLUMNS, columns_for, render_plan
 from orchestrator.estimate.to_train import short_amount, to_train
 from orchestrator.planner import search
-from orchestrator.spec import load_spec, parse_spec, spec_to_data
+from orchestrator.spec import spec_to_data
+from orchestrator.spec_loader import load_spec, parse_spec
 from orchestrator.userfiles import parse_yaml
 from tests.conftest import EXAMPLES
 from tests.unit.test_cli_plan import run_cli

@@ -10,7 +10,7 @@ from tests.conftest import fixed_plan, spec_data
 torch = pytest.importorskip("torch")
 
 from orchestrator.estimate.params import estimate_params, model_shape  # noqa: E402
-from orchestrator.spec import parse_spec  # noqa: E402
+from orchestrator.spec_loader import parse_spec  # noqa: E402
 from orchestrator.train import checkpoint  # noqa: E402
 from orchestrator.train.data import MarkovTokens, ByteTextTokens, batch_seed  # noqa: E402
 from orchestrator.train.model import GPT, count_parameters  # noqa: E402

@@ -6,7 +6,7 @@ import importlib.util
 from orchestrator.estimate.residuals import RESIDUALS
 from orchestrator.estimate.uncertainty import NOT_WIDENING, REGIMES, layout_uncertainty, regime_of
 from orchestrator.plan import build_plan
-from orchestrator.spec import parse_spec
+from orchestrator.spec_loader import parse_spec
 from tests.conftest import ROOT, spec_data
 
 

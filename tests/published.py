@@ -68,8 +68,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .spec import Spec, parse_spec
-from .stages import balanced_split
+from orchestrator.spec import Spec
+from orchestrator.spec_loader import parse_spec
+from orchestrator.stages import balanced_split
 
 # Micro-batch sizes tried for a published layout that does not state one: the powers of two the paper's
 # own micro-batch study explores (Narayanan et al. 2021, section 5.4.2).
@@ -525,7 +526,7 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
 def nic_share_GBps(nic_Gbps_per_node: float, gpus_per_node: int) -> float:
     """What one GPU gets across nodes from a node's stated NIC line rate: its share, at the efficiency the
     catalog's line rates get (CostModel.inter_node_efficiency)."""
-    from .estimate.cost import CostModel  # noqa: PLC0415
+    from orchestrator.estimate.cost import CostModel  # noqa: PLC0415
 
     return nic_Gbps_per_node / 8 / gpus_per_node * CostModel().inter_node_efficiency
 
@@ -535,7 +536,7 @@ def published_step_s(case: dict) -> float:
     where the source measured tokens (torchtitan), else its FLOPs per step over the aggregate rate of its TFLOP/s
     per GPU. The FLOPs are eq. 3 of Narayanan et al. (recompute included, as Table 1 and most papers count), or
     ``published.flops_per_token`` x tokens where the source counts its own way (GPT-NeoX)."""
-    from .estimate.flops import narayanan_flops  # noqa: PLC0415
+    from orchestrator.estimate.flops import narayanan_flops  # noqa: PLC0415
 
     m, pub = case["model"], case["published"]
     tokens = case["global_batch"] * m["seq_len"]
@@ -593,7 +594,7 @@ def case_recompute(case: dict) -> str:
 
 def case_regime(case: dict) -> str:
     """The accuracy regime a case belongs to (benchmarks/accuracy.py reports error per regime)."""
-    from .estimate.uncertainty import regime_of  # noqa: PLC0415
+    from orchestrator.estimate.uncertainty import regime_of  # noqa: PLC0415
 
     pub = case["published"]
     return regime_of(case_engine(case), GPU_KEYS.get(case["cluster"]["gpu_type"], "cpu"), pub["pp"], pub["zero_stage"])
@@ -608,8 +609,8 @@ def published_estimate(case: dict, cost=None):
     PLAUSIBLE_MICRO_BATCHES that divides the batch (only the published one, when there is one), the
     planner picks the interleaving; the fastest layout within the planner's headroom wins, else (as the planner
     falls back) the fastest within the GPU's capacity. Returns a LayoutEstimate (NoFitError if none fits)."""
-    from .errors import SpecError
-    from .planner import search
+    from orchestrator.errors import SpecError
+    from orchestrator.planner import search
 
     best, last_error = None, None
     for mb in [case["published"]["micro_batch"]] if case["published"].get("micro_batch") else PLAUSIBLE_MICRO_BATCHES:

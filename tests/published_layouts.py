@@ -44,10 +44,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .estimate.params import ModelShape, MoEShape
-from .estimate.precision import FP8_RECIPE
-from .spec import Spec, parse_spec
-from .stages import accounted_split, balanced_split
+from orchestrator.estimate.params import ModelShape, MoEShape
+from orchestrator.estimate.precision import FP8_RECIPE
+from orchestrator.spec import Spec
+from orchestrator.spec_loader import parse_spec
+from orchestrator.stages import accounted_split, balanced_split
 
 GPUS_PER_NODE = 8
 SHAPE_FIELD_KEYS = ("fused_rope", "glu_clamp", "recompute_modules", "router_force_balance")
@@ -76,7 +77,7 @@ def predicted_layout(case: dict) -> dict:
     without Megatron's EP all-to-all overlap where the case says its recipe ran without it
     (``ep_a2a_overlap: false``, with the recipe in its source), with the case's FP8 scaling recipe and the model
     features it states (:func:`layout_case_shape_fields`)."""
-    from .planner import search  # noqa: PLC0415
+    from orchestrator.planner import search  # noqa: PLC0415
     return search(layout_case_spec(case), top_k=1, ep_a2a_overlap=case.get("ep_a2a_overlap", True),
                   fp8_recipe=case_fp8_recipe(case), dropout=layout_case_dropout(case),
                   shape_fields=layout_case_shape_fields(case)).chosen.to_dict()
@@ -108,7 +109,7 @@ def _published_parallelism(case: dict) -> dict:
     par = {k: v for k, v in par.items() if v is not None}     # unpublished: the planner picks
     if case.get("ep"):
         par["expert"] = case["ep"]
-    from .catalog.models import preset_fields  # noqa: PLC0415
+    from orchestrator.catalog.models import preset_fields  # noqa: PLC0415
     layers = preset_fields(case["preset"])["num_layers"] if case.get("preset") else case["model"]["num_layers"]
     accounted = accounted_split(layers, case["pp"])
     if layers % case["pp"] and accounted is not None and ((layers + 2) // case["pp"]) % case["vp"] == 0:
