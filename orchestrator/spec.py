@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional
 
 from .catalog.gpus import GPUS
 from .catalog.models import MODELS, preset_fields
-from .errors import Problem, SpecError
+from .errors import Problem, SpecError, raise_if
 from .typed import did_you_mean, dump, parse, spec_field
 
 SPEC_VERSION = 1
@@ -285,6 +285,35 @@ class TrackingSpec:
     comms_logger: bool = spec_field(False, doc="DeepSpeed comms_logger: times every collective (it then synchronizes after each one, so no communication overlaps compute); off leaves the section out of ds_config.json")
 
 
+ProgramKind = Literal["orch", "megatron-lm", "script"]
+DS_CONFIG_ARG_PATTERN = r"--?[A-Za-z][A-Za-z0-9_.-]*"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgramSpec:
+    """What every rank runs (orchestrator.programs): orch's reference trainer, a Megatron-LM entry script, or
+    the user's own script. Relative paths are relative to the spec file; the resolved spec records them
+    absolute."""
+
+    kind: ProgramKind = spec_field("orch", doc="orch (the reference trainer) | megatron-lm (a Megatron-LM checkout's "
+                                   "entry script) | script (your Python script, handed ds_config.json)")
+    megatron_lm: Optional[str] = spec_field(None, doc="kind megatron-lm: the Megatron-LM checkout (same path on every "
+                                            "node); $VARIABLES and ~ are expanded", omit_if_none=True)
+    entry: Optional[str] = spec_field(None, doc="kind megatron-lm: the entry script, relative to megatron_lm; "
+                                      "default pretrain_gpt.py", omit_if_none=True)
+    path: Optional[str] = spec_field(None, doc="kind script: your training script (a .py file); $VARIABLES and ~ "
+                                     "are expanded", omit_if_none=True)
+    args: list[str] = spec_field(default_factory=list, doc="kind script: arguments passed to it, each one quoted")
+    ds_config_arg: Optional[str] = spec_field(
+        None, doc="kind script: the flag that receives RUN_DIR/ds_config.json; default --deepspeed_config "
+        "(deepspeed.add_config_arguments); --deepspeed for a Hugging Face Trainer script", omit_if_none=True,
+        pattern=DS_CONFIG_ARG_PATTERN, pattern_hint="one flag such as --deepspeed_config")
+    log_format: Optional[Literal["deepspeed", "hf", "megatron"]] = spec_field(
+        None, doc="what the program logs (the telemetry wrapper reads it): deepspeed | hf (Hugging Face Trainer: orch "
+        "also passes the TrainingArguments that agree with ds_config.json) | megatron; default hf when ds_config_arg "
+        "is --deepspeed, megatron for kind megatron-lm, else deepspeed", omit_if_none=True)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """One training run: model, cluster, training, data, parallelism, launch and tracking."""
@@ -297,6 +326,8 @@ class Spec:
     parallelism: ParallelismSpec = spec_field(default_factory=ParallelismSpec, doc="parallel layout")
     launch: LaunchSpec = spec_field(default_factory=LaunchSpec, doc="launch")
     tracking: TrackingSpec = spec_field(default_factory=TrackingSpec, doc="telemetry")
+    program: Optional[ProgramSpec] = spec_field(
+        None, doc="what every rank runs; default orch's reference trainer (kind orch)", omit_if_none=True)
     spec_version: int = spec_field(SPEC_VERSION, doc="spec format version", minimum=1, maximum=SPEC_VERSION)
 
     @property
@@ -319,15 +350,21 @@ def read_spec_data(path: str | Path) -> Any:
 
 def load_spec(path: str | Path) -> "Spec":
     """Read, check and resolve a spec file (YAML or JSON). Raises SpecError listing every problem."""
+    from .programs.rules import program_file_problems  # noqa: PLC0415
+
     data = read_spec_data(path)
     try:
-        return parse_spec(data)
+        spec = parse_spec(data, base_dir=Path(path).resolve().parent)
+        raise_if(program_file_problems(spec.program))
     except SpecError as e:
         raise SpecError([dataclasses.replace(p, path=f"{path}:{p.path}") for p in e.problems]) from None
+    return spec
 
 
-def parse_spec(data: Any) -> Spec:
-    """Check and resolve spec data: types, unknown keys, preset, defaults, then every cross-field rule."""
+def parse_spec(data: Any, base_dir: Path | None = None) -> Spec:
+    """Check and resolve spec data: types, unknown keys, preset, defaults, then every cross-field rule.
+    ``base_dir``: what relative program paths are relative to (the spec file's folder; default the working
+    directory)."""
     problems: list[Problem] = []
     if not isinstance(data, dict):
         raise SpecError(Problem("spec", "the top level must be a mapping of keys (name, model, cluster, ...)",
@@ -341,7 +378,11 @@ def parse_spec(data: Any) -> Spec:
         spec = _apply_defaults(spec, problems)
     if spec is not None:
         from .layout import check_spec  # noqa: PLC0415  (layout imports spec)
+        from .programs.rules import program_problems, resolve_program  # noqa: PLC0415
+
+        spec = dataclasses.replace(spec, program=resolve_program(spec.program, base_dir, problems))
         problems.extend(check_world_bound(spec) or check_spec(spec))
+        problems.extend(program_problems(spec.program, spec.training.engine))
     if problems:
         raise SpecError(problems)
     return spec
