@@ -303,7 +303,8 @@ class ProgramSpec:
                                       "default pretrain_gpt.py", omit_if_none=True)
     path: Optional[str] = spec_field(None, doc="kind script: your training script (a .py file); $VARIABLES and ~ "
                                      "are expanded", omit_if_none=True)
-    args: list[str] = spec_field(default_factory=list, doc="kind script: arguments passed to it, each one quoted")
+    args: list[str] = spec_field(default_factory=list, doc="kind script: arguments passed to the script; kind "
+                                 "megatron-lm: Megatron-LM arguments added after orch's (they win); each one quoted")
     ds_config_arg: Optional[str] = spec_field(
         None, doc="kind script: the flag that receives RUN_DIR/ds_config.json; default --deepspeed_config "
         "(deepspeed.add_config_arguments); --deepspeed for a Hugging Face Trainer script", omit_if_none=True,

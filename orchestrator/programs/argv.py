@@ -62,7 +62,8 @@ def megatron_program_args(plan: Plan) -> list[str]:
     args = [_in_run_dir(a) if prev in RUN_DIR_FLAGS else a for prev, a in zip([None, *tokens], tokens)]
     logging = ["--tensorboard-dir", f"{RUN_DIR_TOKEN}/tensorboard", "--log-timers-to-tensorboard",
                "--timing-log-level", str(MEGATRON_TIMING_LOG_LEVEL)]
-    return args + logging + ([] if "--log-throughput" in args else ["--log-throughput"])
+    throughput = [] if "--log-throughput" in args else ["--log-throughput"]
+    return args + logging + throughput + list(plan.spec.program.args)
 
 
 RUN_DIR_FLAGS = ("--save", "--load", "--wandb-save-dir")   # directories megatron_args.txt gives relative to the run dir
@@ -75,10 +76,14 @@ def _in_run_dir(path: str) -> str:
 def program_warnings(plan: Plan) -> list[str]:
     """What generate tells the user: each of their own program.args that orch's arguments override."""
     program = plan.spec.program
-    if program is None or program.kind != "script":
+    if program is None:
         return []
     from .hf_args import hf_training_args, overridden_flags  # noqa: PLC0415
 
+    if program.kind == "megatron-lm":
+        flags = overridden_flags(program.args, megatron_program_args(plan)[:-len(program.args) or None])
+        return [f"program.args: {', '.join(flags)} replace what orch derived from the spec (they come last, so "
+                "Megatron-LM uses them); the plan's predictions still assume the spec's values"] if flags else []
     ours = [program.ds_config_arg, *(hf_training_args(plan) if program.log_format == "hf" else [])]
     flags = overridden_flags(program.args, ours)
     if not flags:

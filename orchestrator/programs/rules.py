@@ -14,7 +14,7 @@ from ..errors import Problem
 DEFAULT_ENTRY = "pretrain_gpt.py"
 DEFAULT_DS_CONFIG_ARG = "--deepspeed_config"   # deepspeed.add_config_arguments
 HF_DS_CONFIG_ARG = "--deepspeed"               # transformers.TrainingArguments
-KIND_FIELDS = {"megatron-lm": ("megatron_lm", "entry"), "script": ("path", "args", "ds_config_arg"), "orch": ()}
+KIND_FIELDS = {"megatron-lm": ("megatron_lm", "entry"), "script": ("path", "ds_config_arg"), "orch": ()}
 _ENGINE = {"megatron-lm": "megatron", "script": "deepspeed"}
 _KIND_LOG = {"megatron-lm": ("megatron",), "script": ("deepspeed", "hf"), "orch": ()}
 
@@ -63,6 +63,11 @@ def program_problems(program, engine: str) -> list[Problem]:
             if getattr(program, name) not in (None, []):
                 problems.append(Problem(f"program.{name}", f"only kind {other} takes it (kind is {kind})",
                                         f"remove it, or set program.kind: {other}"))
+    if kind == "orch" and program.args:
+        problems.append(Problem("program.args", "kind orch takes no arguments (orch's trainer reads the run dir)",
+                                "remove it, or set program.kind: script or megatron-lm"))
+    if kind == "megatron-lm":
+        problems += _megatron_flag_problems(program.args)
     if program.log_format is not None and program.log_format not in _KIND_LOG[kind]:
         allowed = " or ".join(_KIND_LOG[kind]) or "nothing (leave it out)"
         problems.append(Problem("program.log_format", f"{program.log_format!r} does not go with kind {kind}",
@@ -74,6 +79,17 @@ def program_problems(program, engine: str) -> list[Problem]:
         problems.append(Problem("training.engine", f"program.kind {kind} needs engine {want}, not {engine} ({runs})",
                                 f"set training.engine: {want}"))
     return problems
+
+
+def _megatron_flag_problems(args: list[str]) -> list[Problem]:
+    """Flags of program.args that Megatron-LM's parser does not know (its flag table, schemas/megatron_lm_args.json)."""
+    if not args:
+        return []
+    from ..validate.megatron_args import _flag_hint, flag_table  # noqa: PLC0415  (a JSON file, read once)
+
+    known = flag_table()
+    return [Problem(f"program.args[{i}]", f"Megatron-LM has no flag {arg.split('=', 1)[0]!r}", _flag_hint(arg))
+            for i, arg in enumerate(args) if arg.startswith("--") and arg.split("=", 1)[0] not in known]
 
 
 def program_file_problems(program) -> list[Problem]:
