@@ -383,7 +383,7 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> Spec:
 
         spec = dataclasses.replace(spec, program=resolve_program(spec.program, base_dir, problems))
         problems.extend(check_world_bound(spec) or check_spec(spec))
-        problems.extend(program_problems(spec.program, spec.training.engine))
+        problems.extend(program_problems(spec))
     if problems:
         raise SpecError(problems)
     return spec

@@ -48,8 +48,9 @@ def _absolute(value: str | None, base: Path, where: str, problems: list[Problem]
     return os.path.normpath(base / expanded)
 
 
-def program_problems(program, engine: str) -> list[Problem]:
+def program_problems(spec) -> list[Problem]:
     """The section's rules: the fields a kind needs, the fields it does not take, the engine it runs on."""
+    program, engine = spec.program, spec.training.engine
     if program is None:
         return []
     kind = program.kind
@@ -72,12 +73,31 @@ def program_problems(program, engine: str) -> list[Problem]:
         allowed = " or ".join(_KIND_LOG[kind]) or "nothing (leave it out)"
         problems.append(Problem("program.log_format", f"{program.log_format!r} does not go with kind {kind}",
                                 f"use {allowed}"))
+    if program.log_format == "hf":
+        problems += _hf_trainer_problems(spec)
     want = _ENGINE.get(kind)
     if want and engine != want:
         runs = "Megatron-LM trains with Megatron-Core" if kind == "megatron-lm" else \
             "a script is handed ds_config.json, which DeepSpeed reads"
         problems.append(Problem("training.engine", f"program.kind {kind} needs engine {want}, not {engine} ({runs})",
                                 f"set training.engine: {want}"))
+    return problems
+
+
+def _hf_trainer_problems(spec) -> list[Problem]:
+    """What the Hugging Face Trainer with --deepspeed cannot run: bf16 without a GPU (TrainingArguments raises
+    "Your setup doesn't support bf16/gpu", and its use_cpu switch turns DeepSpeed off), and model parallelism
+    (it trains data-parallel only)."""
+    problems = []
+    if spec.cluster.gpu == "cpu" and spec.training.precision != "fp32":
+        problems.append(Problem("training.precision", f"{spec.training.precision} on gpu cpu: the Hugging Face Trainer "
+                                "refuses it without a GPU (\"Your setup doesn't support bf16/gpu\"), and its use_cpu "
+                                "switch turns DeepSpeed off", "set training.precision: fp32"))
+    p = spec.parallelism
+    for name, value in (("tensor", p.tensor), ("pipeline", p.pipeline), ("context", p.context)):
+        if value is not None and value > 1:
+            problems.append(Problem(f"parallelism.{name}", f"{value}, but the Hugging Face Trainer trains data-parallel "
+                                    "only (ZeRO shards within it)", f"set parallelism.{name}: 1"))
     return problems
 
 
