@@ -169,3 +169,16 @@ def test_a_deepspeed_script_runs_through_orch_launch(tmp_path):
     logs = "\n".join(p.read_text(errors="replace") for p in (run / "logs").rglob("*") if p.is_file())
     assert done.returncode == 0, done.stderr[-3000:] + logs[-3000:]
     assert "COMPLETED" in done.stderr and "step 10 loss" in logs
+
+
+def test_orch_doctor_measures_a_script_run_dir_through_its_launch_script(tmp_path):
+    """The doctor's ORCH_ENTRY replaces the program runner as it replaces orch's trainer."""
+    run = tmp_path / "run"
+    env = job_env(ORCH_ENTRY=None)
+    assert subprocess.run([ORCH, "generate", str(EXAMPLES / "ds-script-cpu.yaml"), "-o", str(run)], env=env,
+                          capture_output=True, timeout=120).returncode == 0
+    done = subprocess.run([ORCH, "doctor", str(run), "--quick", "--json"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["healthy"] and len(report["ranks"]) == 2
