@@ -276,3 +276,13 @@ def test_parse_iteration_line_leaves_what_megatron_did_not_print_as_none_and_kee
                                   "validation loss at iteration 100 | lm loss value: 1.0E+00 |"])
 def test_parse_iteration_line_ignores_other_lines(line):
     assert parse_iteration_line(line) is None
+
+
+def test_generate_force_replaces_a_program_run_dir_and_dry_run_shows_the_checkout(tmp_path, checkout, capsys):
+    spec_path = write_spec(tmp_path, megatron_spec(checkout))
+    run = tmp_path / "run"
+    assert run_cli(["generate", str(spec_path), "-o", str(run)], capsys)[0] == 0
+    assert run_cli(["generate", str(spec_path), "-o", str(run), "--force"], capsys)[0] == 0
+    code, out, _ = run_cli(["launch", str(run), "--dry-run"], capsys)
+    assert code == 0 and f"cd {checkout} && python {checkout}/pretrain_gpt.py --tensor-model-parallel-size" in out
+    assert f"--save {run}/checkpoints" in out
