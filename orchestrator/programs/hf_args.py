@@ -38,6 +38,8 @@ def hf_training_args(plan: Plan) -> list[str]:
         "--logging_steps": 1,                                      # every step's loss reaches orch's telemetry
         "--report_to": "none",                                     # orch's wrapper logs to W&B
     }
+    if plan.spec.cluster.gpu == "cpu":   # without it TrainingArguments keeps one process on CPU (world size 1, so
+        pairs["--use_cpu"] = "true"      # train_batch_size mismatches) and refuses bf16 ("doesn't support bf16/gpu")
     return [token for flag, value in pairs.items() for token in (flag, _text(value))]
 
 

@@ -85,20 +85,13 @@ def program_problems(spec) -> list[Problem]:
 
 
 def _hf_trainer_problems(spec) -> list[Problem]:
-    """What the Hugging Face Trainer with --deepspeed cannot run: bf16 without a GPU (TrainingArguments raises
-    "Your setup doesn't support bf16/gpu", and its use_cpu switch turns DeepSpeed off), and model parallelism
-    (it trains data-parallel only)."""
-    problems = []
-    if spec.cluster.gpu == "cpu" and spec.training.precision != "fp32":
-        problems.append(Problem("training.precision", f"{spec.training.precision} on gpu cpu: the Hugging Face Trainer "
-                                "refuses it without a GPU (\"Your setup doesn't support bf16/gpu\"), and its use_cpu "
-                                "switch turns DeepSpeed off", "set training.precision: fp32"))
+    """What the Hugging Face Trainer with --deepspeed cannot run: model parallelism (it trains data-parallel only,
+    ZeRO sharding within it)."""
     p = spec.parallelism
-    for name, value in (("tensor", p.tensor), ("pipeline", p.pipeline), ("context", p.context)):
-        if value is not None and value > 1:
-            problems.append(Problem(f"parallelism.{name}", f"{value}, but the Hugging Face Trainer trains data-parallel "
-                                    "only (ZeRO shards within it)", f"set parallelism.{name}: 1"))
-    return problems
+    return [Problem(f"parallelism.{name}", f"{value}, but the Hugging Face Trainer trains data-parallel only (ZeRO "
+                    "shards within it)", f"set parallelism.{name}: 1")
+            for name, value in (("tensor", p.tensor), ("pipeline", p.pipeline), ("context", p.context))
+            if value is not None and value > 1]
 
 
 def _megatron_flag_problems(args: list[str]) -> list[Problem]:

@@ -108,10 +108,10 @@ def test_fields_of_another_kind_and_missing_required_ones_are_named(script, chec
     assert "program.args" in found
 
 
-def test_the_hf_trainer_cannot_take_bf16_on_cpu(script):
+def test_the_hf_trainer_trains_data_parallel_only(script):
     data = script_spec(script, ds_config_arg="--deepspeed")
-    data["training"]["precision"] = "bf16"
-    assert "set training.precision: fp32" in problems_of(data)["training.precision"]
+    data["parallelism"]["pipeline"] = 2
+    assert "data-parallel only" in problems_of(data)["parallelism.pipeline"]
 
 
 def test_megatron_args_flags_are_checked_against_megatron_lms_flag_table(checkout):
@@ -171,7 +171,7 @@ def test_hf_trainer_argv_agrees_with_ds_config_and_the_users_overridden_flags_ar
     assert float(flags["--max_grad_norm"]) == ds["gradient_clipping"]
     assert int(flags["--max_steps"]) == ds["scheduler"]["params"]["total_num_steps"]
     assert int(flags["--warmup_steps"]) == ds["scheduler"]["params"]["warmup_num_steps"]
-    assert flags["--report_to"] == "none" and flags["--bf16"] == "false"
+    assert flags["--report_to"] == "none" and flags["--bf16"] == "false" and flags["--use_cpu"] == "true"
     [warning] = program_warnings(plan)
     assert "--learning-rate" in warning and "--foo" not in warning
 

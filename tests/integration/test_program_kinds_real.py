@@ -127,7 +127,8 @@ def test_the_hf_trainer_accepts_orchs_training_arguments_beside_its_ds_config(tm
     cases = {"cosine-warmup": {}, "linear-no-warmup": {"training.lr_schedule": {"warmup_iters": 0, "decay": "linear"}},
              "constant-sgd-zero3": {"training.lr_schedule": {"warmup_iters": 3, "decay": "constant"},
                                     "training.optimizer": {"type": "sgd", "lr": 0.05}, "parallelism.zero_stage": 3},
-             "no-clipping-zero1": {"training.gradient_clipping": 0.0, "parallelism.zero_stage": 1}}
+             "no-clipping-zero1": {"training.gradient_clipping": 0.0, "parallelism.zero_stage": 1},
+             "bf16": {"training.precision": "bf16"}}
     requests = []
     for name, overrides in cases.items():
         data = spec_data(**{"cluster.gpus_per_node": 1, "training.global_batch_size": 4, **overrides,
