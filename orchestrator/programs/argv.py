@@ -1,4 +1,5 @@
-"""program.json for a Plan: the argv each rank runs, per program kind (a pure renderer).
+"""program.json for a Plan: the argv each rank runs, per program kind (a renderer; the one file it reads is the
+script, for its sha256).
 
 kind script: ``[script, *args, ds_config_arg, {run_dir}/ds_config.json]``, plus, for a Hugging Face Trainer
 script, the TrainingArguments that agree with ds_config.json (:mod:`.hf_args`). kind megatron-lm:
