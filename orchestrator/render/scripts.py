@@ -43,7 +43,16 @@ def env_assignments(plan: Plan) -> dict[str, str]:
     env["PYTHONSAFEPATH"] = "1"     # `python -m` from the run dir: no file there (a wandb.py) shadows an import
     if plan.spec.cluster.gpu == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
-    return env
+    return env | _program_wandb_env(plan)
+
+
+def _program_wandb_env(plan: Plan) -> dict[str, str]:
+    """Megatron-LM's own wandb.init takes no mode and no group (megatron/training/global_vars.py): the environment
+    gives them, so its run lands offline or online as the spec says, in the job's W&B group."""
+    program, wandb = plan.spec.program, plan.spec.tracking.wandb
+    if program is None or program.kind != "megatron-lm" or wandb.mode == "disabled":
+        return {}
+    return {"WANDB_MODE": wandb.mode, "WANDB_RUN_GROUP": wandb.group or plan.spec.name}
 
 
 # Scripts run `python -m` from the run dir. PYTHONSAFEPATH (env_assignments) keeps the working directory off

@@ -191,6 +191,10 @@ def test_megatron_argv_adds_logging_in_the_run_dir_and_runs_in_the_checkout(chec
     assert after["--timing-log-level"] == "0" and after["--wandb-exp-name"] == "tiny"
     assert {"--log-throughput", "--log-timers-to-tensorboard", "--mock-data"} <= set(argv)
     assert argv[-2:] == ["--lr", "1e-4"] and "--lr" in program_warnings(plan)[0]
+    from orchestrator.render.scripts import env_assignments   # Megatron's wandb.init takes mode and group from here
+
+    assert env_assignments(plan) | {"WANDB_MODE": "offline", "WANDB_RUN_GROUP": "tiny"} == env_assignments(plan)
+    assert "WANDB_MODE" not in env_assignments(fixed_plan(spec_data()))
 
 
 def test_launch_scripts_start_the_program_runner_and_orch_entry_still_overrides(tmp_path, script):

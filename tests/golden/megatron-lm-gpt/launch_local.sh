@@ -8,6 +8,8 @@ RUN_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PYTHON="${ORCH_PYTHON:-python3}"
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 export PYTHONSAFEPATH=1
+export WANDB_MODE=offline
+export WANDB_RUN_GROUP=megatron-lm-gpt
 if [ -n "${PYTHONPATH:-}" ]; then IFS=: read -r -a orch_pp <<< "$PYTHONPATH"; PYTHONPATH=""; for p in "${orch_pp[@]}"; do case "$p" in /*) PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$p" ;; esac; done; export PYTHONPATH; fi   # absolute entries only: nothing from the run dir
 
 read -r -a EXTRA_TORCHRUN_ARGS <<< "${ORCH_TORCHRUN_ARGS:-}"   # e.g. "--log-dir logs/torchrun --tee 3"

@@ -20,7 +20,7 @@ RUN_ID="${ORCH_PDSH_RUN_ID:-$(date +%s)-$$}"
 q() { local v; v=$(printf '%s' "$1" | sed -e "s/'/'\\\\''/g" -e 's/%/%%/g'); printf "'%s'" "$v"; }
 # The ranks' environment: the node settings, then the caller's variables of these names (values are
 # visible in the remote command line, so secrets are never among them: ssh's SendEnv carries those).
-remote_env='CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONSAFEPATH=1'
+remote_env='CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONSAFEPATH=1 WANDB_MODE=offline WANDB_RUN_GROUP=megatron-lm-gpt'
 for name in $(compgen -e); do
   case "$name" in
     WANDB_API_KEY|HF_TOKEN|HUGGING_FACE_HUB_TOKEN|*KEY*|*TOKEN*|*SECRET*|*PASSWORD*|*CREDENTIAL*) ;;
