@@ -22,6 +22,7 @@ from .spec import Spec, spec_sha256, spec_to_data
 from .spec_loader import parse_spec
 
 MANIFEST = "manifest.json"
+PROGRAM_FILE = "program.json"   # orchestrator.programs.PROGRAM_FILE: only for a program kind other than orch
 EXECUTABLE = {"launch_local.sh", "launch.sbatch", "launch_pdsh.sh"}
 # What every run dir holds besides the manifest; the manifest must list each (an empty list checks nothing).
 GENERATED_FILES = ("ds_config.json", "megatron_args.txt", "megatron_config.json", "launch_local.sh", "launch.sbatch",
@@ -49,7 +50,12 @@ def render_run_dir(plan: Plan) -> dict[str, str]:
     from .render.megatron import render_megatron_args, render_megatron_config, render_megatron_notes  # noqa: PLC0415
     from .render.scripts import header, render_hostfile, render_local, render_pdsh, render_sbatch  # noqa: PLC0415
 
+    from .programs import PROGRAM_FILE  # noqa: PLC0415
+    from .programs.argv import render_program  # noqa: PLC0415
+
+    program = render_program(plan)
     return {
+        **({PROGRAM_FILE: dump_json(program)} if program is not None else {}),
         "ds_config.json": dump_json(render_ds_config(plan)),
         "megatron_args.txt": "\n".join(render_megatron_args(plan)) + "\n",
         "megatron_config.json": dump_json(render_megatron_config(plan)),
@@ -63,12 +69,16 @@ def render_run_dir(plan: Plan) -> dict[str, str]:
 
 
 def render_manifest(plan: Plan, files: dict[str, str]) -> str:
-    return dump_json({
+    manifest = {
         "orch_version": __version__,
         "spec_name": plan.spec.name,
         "spec_sha256": plan.spec_sha256,
         "files": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sorted(files.items())},
-    })
+    }
+    if PROGRAM_FILE in files:   # the user's program: recorded, and an edit to it reported (never refused)
+        program = json.loads(files[PROGRAM_FILE])
+        manifest["program"] = {key: program[key] for key in ("kind", "script_path", "script_sha256")}
+    return dump_json(manifest)
 
 
 def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False, discard_outputs: bool = False,
@@ -124,7 +134,7 @@ def _replace(tmp: Path, out: Path, *, discard_outputs: bool) -> None:
     with locked(out, f"{out} is in use by a running job or another orch command; --force will not replace it "
                      f"(see `orch status {out}`)"):
         extra = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
-                       if p.name not in (*GENERATED_FILES, *PICTURES, MANIFEST, LOCK_FILE))
+                       if p.name not in (*GENERATED_FILES, *PICTURES, PROGRAM_FILE, MANIFEST, LOCK_FILE))
         if extra and not discard_outputs:
             raise SpecError(Problem(str(out), "--force would delete what orch did not generate: " + ", ".join(extra),
                                     "add --discard-outputs to delete them too, or generate into a new directory"))
@@ -202,8 +212,9 @@ def manifest_problems(run: RunDir) -> list[Problem]:
     matches. What `orch validate` reports and `orch launch` refuses to run."""
     listed = run.manifest["files"]
     fix = "re-run `orch generate --force`"
+    expected = (*GENERATED_FILES, PROGRAM_FILE) if run.spec.program is not None else GENERATED_FILES
     problems = [Problem(f"{run.path}/{name}", "not listed in manifest.json", fix)
-                for name in GENERATED_FILES if name not in listed]
+                for name in expected if name not in listed]
     for name, digest in sorted(listed.items()):
         file = run.path / name
         if not file.is_file():
@@ -215,3 +226,20 @@ def manifest_problems(run: RunDir) -> list[Problem]:
     if run.manifest.get("spec_sha256") != spec_sha256(run.spec):
         problems.append(Problem(f"{run.path}/{MANIFEST}", "spec_sha256 does not match spec.resolved.yaml", fix))
     return problems
+
+
+def program_drift(run: RunDir) -> list[str]:
+    """Warnings (never refusals: users edit their code) when the program's script changed since generate."""
+    from .programs.argv import file_sha256  # noqa: PLC0415
+
+    recorded = run.manifest.get("program")
+    if not isinstance(recorded, dict) or not recorded.get("script_path"):
+        return []
+    path = recorded["script_path"]
+    now = file_sha256(path)
+    if now is None:
+        return [f"program script {path} is missing or unreadable (orch generate read it)"]
+    if now != recorded.get("script_sha256"):
+        return [f"program script {path} changed since `orch generate` (sha256 {now[:12]}, manifest.json recorded "
+                f"{str(recorded.get('script_sha256'))[:12]}): this run uses the edited script"]
+    return []

@@ -302,6 +302,36 @@ class TrackingSpec:
     comms_logger: bool = spec_field(False, doc="DeepSpeed comms_logger: times every collective (it then synchronizes after each one, so no communication overlaps compute); off leaves the section out of ds_config.json")
 
 
+ProgramKind = Literal["orch", "megatron-lm", "script"]
+DS_CONFIG_ARG_PATTERN = r"--?[A-Za-z][A-Za-z0-9_.-]*"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgramSpec:
+    """What every rank runs (orchestrator.programs): orch's reference trainer, a Megatron-LM entry script, or
+    the user's own script. Relative paths are relative to the spec file; the resolved spec records them
+    absolute."""
+
+    kind: ProgramKind = spec_field("orch", doc="orch (the reference trainer) | megatron-lm (a Megatron-LM checkout's "
+                                   "entry script) | script (your Python script, handed ds_config.json)")
+    megatron_lm: Optional[str] = spec_field(None, doc="kind megatron-lm: the Megatron-LM checkout (same path on every "
+                                            "node); $VARIABLES and ~ are expanded", omit_if_none=True)
+    entry: Optional[str] = spec_field(None, doc="kind megatron-lm: the entry script, relative to megatron_lm; "
+                                      "default pretrain_gpt.py", omit_if_none=True)
+    path: Optional[str] = spec_field(None, doc="kind script: your training script (a .py file); $VARIABLES and ~ "
+                                     "are expanded", omit_if_none=True)
+    args: list[str] = spec_field(default_factory=list, doc="kind script: arguments passed to the script; kind "
+                                 "megatron-lm: Megatron-LM arguments added after orch's (they win); each one quoted")
+    ds_config_arg: Optional[str] = spec_field(
+        None, doc="kind script: the flag that receives RUN_DIR/ds_config.json; default --deepspeed_config "
+        "(deepspeed.add_config_arguments); --deepspeed for a Hugging Face Trainer script", omit_if_none=True,
+        pattern=DS_CONFIG_ARG_PATTERN, pattern_hint="one flag such as --deepspeed_config")
+    log_format: Optional[Literal["deepspeed", "hf", "megatron"]] = spec_field(
+        None, doc="what the program logs (the telemetry wrapper reads it): deepspeed | hf (Hugging Face Trainer: orch "
+        "also passes the TrainingArguments that agree with ds_config.json) | megatron; default hf when ds_config_arg "
+        "is --deepspeed, megatron for kind megatron-lm, else deepspeed", omit_if_none=True)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Spec:
     """One training run: model, cluster, training, data, parallelism, launch and tracking."""
@@ -314,6 +344,8 @@ class Spec:
     parallelism: ParallelismSpec = spec_field(default_factory=ParallelismSpec, doc="parallel layout")
     launch: LaunchSpec = spec_field(default_factory=LaunchSpec, doc="launch")
     tracking: TrackingSpec = spec_field(default_factory=TrackingSpec, doc="telemetry")
+    program: Optional[ProgramSpec] = spec_field(
+        None, doc="what every rank runs; default orch's reference trainer (kind orch)", omit_if_none=True)
     spec_version: int = spec_field(SPEC_VERSION, doc="spec format version", minimum=1, maximum=SPEC_VERSION)
 
     @property

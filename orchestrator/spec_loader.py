@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .catalog.models import MODELS, preset_fields
-from .errors import Problem, SpecError
+from .errors import Problem, SpecError, raise_if
+from .programs.rules import program_file_problems, program_problems, resolve_program
 from .rules import check_spec
 from .spec import REQUIRED_MODEL_FIELDS, Spec, _apply_defaults, _merge_preset, check_world_bound, read_spec_data
 from .typed import parse
@@ -19,13 +20,17 @@ def load_spec(path: str | Path) -> Spec:
     """Read, check and resolve a spec file (YAML or JSON). Raises SpecError listing every problem."""
     data = read_spec_data(path)
     try:
-        return parse_spec(data)
+        spec = parse_spec(data, base_dir=Path(path).resolve().parent)
+        raise_if(program_file_problems(spec.program))
     except SpecError as e:
         raise SpecError([dataclasses.replace(p, path=f"{path}:{p.path}") for p in e.problems]) from None
+    return spec
 
 
-def parse_spec(data: Any) -> Spec:
-    """Check and resolve spec data: types, unknown keys, preset, defaults, then every cross-field rule."""
+def parse_spec(data: Any, base_dir: Path | None = None) -> Spec:
+    """Check and resolve spec data: types, unknown keys, preset, defaults, then every cross-field rule.
+    ``base_dir``: what relative program paths are relative to (the spec file's folder; default the working
+    directory)."""
     problems: list[Problem] = []
     if not isinstance(data, dict):
         raise SpecError(Problem("spec", "the top level must be a mapping of keys (name, model, cluster, ...)",
@@ -38,7 +43,9 @@ def parse_spec(data: Any) -> Spec:
     if spec is not None:
         spec = _apply_defaults(spec, problems)
     if spec is not None:
+        spec = dataclasses.replace(spec, program=resolve_program(spec.program, base_dir, problems))
         problems.extend(check_world_bound(spec) or check_spec(spec))
+        problems.extend(program_problems(spec))
     if problems:
         raise SpecError(problems)
     return spec

@@ -10,6 +10,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+# Examples whose program lives outside this repository: examples/megatron-lm-gpt.yaml runs the Megatron-LM checkout
+# named by ORCH_MEGATRON_LM (tests/tools/prepare_megatron_lm.sh extracts one with pretrain_gpt.py).
+NEEDS_MEGATRON_LM_CHECKOUT = {"megatron-lm-gpt"}
+
+
+def example_names() -> list[str]:
+    """Every examples/*.yaml stem that loads here (the Megatron-LM one only with a checkout in ORCH_MEGATRON_LM)."""
+    checkout = Path(os.environ.get("ORCH_MEGATRON_LM") or "/nonexistent") / "pretrain_gpt.py"
+    return sorted(p.stem for p in EXAMPLES.glob("*.yaml")
+                  if p.stem not in NEEDS_MEGATRON_LM_CHECKOUT or checkout.is_file())
 
 TINY_SPEC = {
     "name": "tiny",

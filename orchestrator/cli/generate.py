@@ -25,11 +25,13 @@ from .table import plural
 def command(spec_path: str, out_dir: str, force: bool, discard_outputs: bool, top_k: int,
             calibration_path: str | None, measured_path: str | None, plot: bool) -> None:
     """Write the run dir for SPEC: ds_config.json, megatron_args.txt, megatron_config.json, launch
-    scripts (local, SLURM, pdsh), hostfile, plan.json, spec.resolved.yaml and manifest.json.
+    scripts (local, SLURM, pdsh), hostfile, plan.json, spec.resolved.yaml and manifest.json; with a
+    program other than orch's trainer (program.kind), program.json: the argv every rank runs.
 
     Parallelism fields the spec leaves open are chosen by the planner (as `orch plan`).
     """
     from ..plan import build_plan
+    from ..programs.argv import program_warnings
     from ..render.deepspeed import render_deepspeed_notes
     from ..render.megatron import render_megatron_notes
     from ..rundir import write_run_dir
@@ -57,4 +59,6 @@ def command(spec_path: str, out_dir: str, force: bool, discard_outputs: bool, to
                f"vocab padded to {plan.padded_vocab_size})", err=True)
     for note in render_megatron_notes(plan) + render_deepspeed_notes(plan):
         click.echo(f"note: {note}", err=True)
+    for warning in program_warnings(plan):
+        click.echo(f"warning: {warning}", err=True)
     click.echo(str(out))

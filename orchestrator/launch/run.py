@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import OrchError, Problem, SpecError
-from ..rundir import RunDir, read_run_dir
+from ..rundir import RunDir, program_drift, read_run_dir
 from . import backend_module
 from ..runlock import locked, share
 from .base import CommandRunner, JobRecord, JobState, LaunchFailed
@@ -29,12 +29,16 @@ def launch_run_dir(run_dir: str | Path, *, backend: str | None = None, dry_run: 
     """
     run = read_run_dir(run_dir)
     check_intact(run, allow_modified=allow_modified, dry_run=dry_run, note=note)
+    for warning in program_drift(run):
+        note(f"warning: {warning}")
     name = backend or run.spec.launch.backend
     module = backend_module(name)
     plan = module.build(run)
     refusal = local_refusal(run) if name == "local" else None
     if dry_run:
         echo(plan.describe())
+        if run.spec.program is not None:
+            echo(describe_program(run.path))
         if refusal:
             note(f"note: run for real, this would be refused: {refusal.problems[0]}")
         return 0
@@ -140,3 +144,16 @@ def already_trained(run: RunDir) -> str | None:
     return (f"{run.path} is already trained: its checkpoint {ckpt / f'global_step{step}'} is step {step} of "
             f"{total}; nothing to launch. To train again from step 0, write a fresh run dir (`orch generate SPEC "
             f"-o {run.path} --force`) or remove {ckpt}")
+
+
+def describe_program(run_dir: Path) -> str:
+    """What each rank's `python -m orchestrator.programs RUN_DIR` runs, shell-pasteable (--dry-run)."""
+    import shlex  # noqa: PLC0415
+
+    from ..programs import load_program, substitute_run_dir  # noqa: PLC0415
+
+    program = load_program(run_dir)
+    argv = " ".join(shlex.quote(a) for a in substitute_run_dir(program["argv"], run_dir))
+    cwd = f"cd {shlex.quote(program['cwd'])} && " if program.get("cwd") else ""
+    return (f"# every rank: python -m orchestrator.programs {shlex.quote(str(run_dir))}, which runs "
+            f"({program['kind']}, under orch's telemetry):\n{cwd}python {argv}")

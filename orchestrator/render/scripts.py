@@ -43,7 +43,16 @@ def env_assignments(plan: Plan) -> dict[str, str]:
     env["PYTHONSAFEPATH"] = "1"     # `python -m` from the run dir: no file there (a wandb.py) shadows an import
     if plan.spec.cluster.gpu == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
-    return env
+    return env | _program_wandb_env(plan)
+
+
+def _program_wandb_env(plan: Plan) -> dict[str, str]:
+    """Megatron-LM's own wandb.init takes no mode and no group (megatron/training/global_vars.py): the environment
+    gives them, so its run lands offline or online as the spec says, in the job's W&B group."""
+    program, wandb = plan.spec.program, plan.spec.tracking.wandb
+    if program is None or program.kind != "megatron-lm" or wandb.mode == "disabled":
+        return {}
+    return {"WANDB_MODE": wandb.mode, "WANDB_RUN_GROUP": wandb.group or plan.spec.name}
 
 
 # Scripts run `python -m` from the run dir. PYTHONSAFEPATH (env_assignments) keeps the working directory off
@@ -54,6 +63,13 @@ SAFE_PYTHONPATH = ('if [ -n "${PYTHONPATH:-}" ]; then IFS=: read -r -a orch_pp <
                    'esac; done; export PYTHONPATH; fi   # absolute entries only: nothing from the run dir')
 
 
+def entry_module(plan: Plan) -> str:
+    """The module every rank starts (``python -m``): orch's trainer, or orchestrator.programs for another kind."""
+    from ..programs import entry_module as module_for  # noqa: PLC0415
+
+    return module_for(plan.spec.program and plan.spec.program.kind)
+
+
 def _export_lines(plan: Plan) -> list[str]:
     return [f"export {k}={shlex.quote(v)}" for k, v in env_assignments(plan).items()] + [SAFE_PYTHONPATH]
 
@@ -61,7 +77,7 @@ def _export_lines(plan: Plan) -> list[str]:
 def render_local(plan: Plan) -> str:
     return _render("local.sh.j2", header=header(plan), env_lines=_export_lines(plan),
                    num_nodes=plan.num_nodes, procs_per_node=plan.procs_per_node,
-                   master_port=plan.spec.launch.master_port)
+                   master_port=plan.spec.launch.master_port, entry_module=entry_module(plan))
 
 
 # --- SLURM ---------------------------------------------------------------------------------------------
@@ -113,7 +129,8 @@ def render_sbatch(plan: Plan) -> str:
                    else "e.g. scancel --batch --signal=USR1 JOBID")
     return _render("slurm.sbatch.j2", header=header(plan), sbatch_lines=sbatch_directives(plan),
                    env_lines=_export_lines(plan), procs_per_node=plan.procs_per_node,
-                   torchrun_signals=TORCHRUN_SIGNALS, signal_note=signal_note, on_stop_lines=_sbatch_on_stop(plan))
+                   torchrun_signals=TORCHRUN_SIGNALS, signal_note=signal_note, on_stop_lines=_sbatch_on_stop(plan),
+                   entry_module=entry_module(plan))
 
 
 # --- pdsh ----------------------------------------------------------------------------------------------
@@ -153,7 +170,7 @@ def render_pdsh(plan: Plan) -> str:
                    remote_env=remote_env, forward_patterns=forward,
                    secret_patterns="|".join((*SECRET_ENV, *PDSH_NEVER_FORWARD)),
                    num_nodes=plan.num_nodes, procs_per_node=plan.procs_per_node,
-                   torchrun_signals=TORCHRUN_SIGNALS, pythonpath_line=SAFE_PYTHONPATH)
+                   torchrun_signals=TORCHRUN_SIGNALS, pythonpath_line=SAFE_PYTHONPATH, entry_module=entry_module(plan))
 
 
 def render_hostfile(plan: Plan) -> str:

@@ -17,7 +17,9 @@ def validate_run_dir(path: Path, *, deep: bool = True, notes: list[str] | None =
     problems = check_manifest(run)
     problems += check_plan_agrees(run)
     problems += _file_checks(run, deep=deep, notes=notes)
-    return problems
+    from ..programs.check import program_run_dir_problems  # noqa: PLC0415
+
+    return problems + program_run_dir_problems(run, deep=deep, notes=notes)
 
 
 def check_manifest(run: RunDir) -> list[Problem]:

@@ -12,10 +12,10 @@ from orchestrator.rundir import write_run_dir
 from orchestrator.spec_loader import load_spec
 from orchestrator.validate import validate_path
 from orchestrator.validate._ds_probe import ProbeRequest, probe_ds_configs
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, example_names
 
 pytestmark = pytest.mark.integration
-NAMES = sorted(p.stem for p in EXAMPLES.glob("*.yaml"))
+NAMES = example_names()
 
 
 @pytest.fixture(scope="module")

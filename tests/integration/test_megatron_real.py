@@ -22,7 +22,7 @@ from orchestrator.validate.megatron import check_megatron_args, check_megatron_c
 from orchestrator.validate.megatron_core import check_transformer_configs, megatron_core_available
 from orchestrator.validate.megatron_lm import (HOW_TO_ENABLE, LmRun, launch_script_env, megatron_lm_reports,
                                                megatron_lm_root)
-from tests.conftest import EXAMPLES, ROOT, fixed_plan, spec_data
+from tests.conftest import EXAMPLES, ROOT, example_names, fixed_plan, spec_data
 from tests.megatron_layouts import GPU8, MEGATRON_LAYOUTS
 from tests.deadlines import scaled_s
 
@@ -57,7 +57,7 @@ FSDP_TP = {**GPU8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 2, "parall
            "training.global_batch_size": 32}
 # Published MoE / context-parallel / FP8 H100 runs (issue 10), planned with their layouts fixed as published.
 PUBLISHED = ROOT / "tests" / "data" / "published-moe-cp-fp8.json"
-CASES = [f"example:{p.stem}" for p in sorted(EXAMPLES.glob("*.yaml"))] + sorted(FIXED) + \
+CASES = [f"example:{name}" for name in example_names()] + sorted(FIXED) + \
     [f"published:{c['id']}" for c in json.loads(PUBLISHED.read_text())]
 
 

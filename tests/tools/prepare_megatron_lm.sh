@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Extract Megatron-LM core_v0.16.1's megatron/ tree (the release matching megatron-core 0.16.1) for the
+# Extract Megatron-LM core_v0.16.1's megatron/ tree and pretrain_gpt.py (the release matching megatron-core 0.16.1) for the
 # real validate_args check, from a local git clone or mirror of Megatron-LM. Nothing is fetched from the
 # network and nothing is written into this repository.
 #
@@ -24,7 +24,8 @@ if [[ -z "$SRC" ]]; then
 fi
 mkdir -p "$DEST"
 rm -rf "$DEST/megatron"
-git -C "$SRC" archive "$TAG" megatron | tar -x -C "$DEST"
+# megatron/ and the GPT entry script with what it imports (program.kind megatron-lm's checkout for the tests)
+git -C "$SRC" archive "$TAG" megatron pretrain_gpt.py gpt_builders.py model_provider.py | tar -x -C "$DEST"
 rm -rf "$DEST/megatron/core"
 HERE=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PYTHON:-$HERE/.venv/bin/python}
