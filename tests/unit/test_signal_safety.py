@@ -279,3 +279,64 @@ def test_pid_namespace_contains_a_kill_of_every_process(tmp_path):
     finally:
         outside.kill()
         outside.wait()
+
+
+# --- launch and doctor: refused before anything runs ----------------------------------------------------
+
+def _main(*argv) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from orchestrator.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(list(argv))
+            return 0, err.getvalue()
+        except SystemExit as e:
+            return e.code, err.getvalue()
+
+
+@pytest.fixture
+def generated(tmp_path):
+    from orchestrator.rundir import write_run_dir
+    from tests.conftest import fixed_plan, spec_data
+
+    return write_run_dir(fixed_plan(spec_data()), tmp_path / "run")
+
+
+def test_launch_refuses_a_malformed_job_json_and_a_lock_directory(generated):
+    (generated / "job.json").write_text('{"backend": "local", "job_id": "1"}')
+    code, err = _main("launch", str(generated))
+    assert code == 2 and "job.json: " in err and "Traceback" not in err, err
+    assert (generated / "job.json").read_text() == '{"backend": "local", "job_id": "1"}'   # nothing started
+    (generated / "job.json").unlink()
+    (generated / LOCK_FILE).unlink()                  # the first launch created it
+    (generated / LOCK_FILE).mkdir()
+    code, err = _main("launch", str(generated))
+    assert code == 2 and LOCK_FILE in err and "not a regular file" in err, err
+    assert not (generated / "job.json").exists()
+
+
+def test_doctor_refuses_a_tampered_script_and_a_busy_run_dir(generated):
+    from orchestrator.launch.base import CommandRunner, LaunchPlan
+
+    script = generated / "launch_local.sh"
+    script.write_text(script.read_text() + "\necho tampered\n")
+    code, err = _main("doctor", str(generated), "--quick")
+    assert code == 2 and "launch_local.sh" in err and "--allow-modified" in err, err
+    fd = try_lock(generated)                          # another orch command holds the run dir
+    try:
+        code, err = _main("doctor", str(generated), "--quick", "--allow-modified")
+        assert code == 1 and "still holds .orch.lock" in err, err
+    finally:
+        os.close(fd)
+    record, proc = local.submit(LaunchPlan(backend="local", argv=["sleep", "300"], cwd=generated), CommandRunner())
+    try:                                              # a recorded job that runs (without the lock)
+        code, err = _main("doctor", str(generated), "--quick", "--allow-modified")
+        assert code == 1 and f"local job {record.job_id} is RUNNING" in err, err
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert not (generated / "doctor.json").exists()
