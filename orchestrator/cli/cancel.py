@@ -19,9 +19,7 @@ def command(run_dir) -> None:
     record = JobRecord.load(run_dir)
     runner = CommandRunner()
     module = backend_module(record.backend)
-    state = module.status(record, runner)
-    if state.finished:
-        click.echo(f"{record.backend} job {record.job_id}: {state.value} (already finished; nothing signalled)")
-        return
-    module.cancel(record, runner)
-    click.echo(f"{record.backend} job {record.job_id}: {module.status(record, runner).value}")
+    signalled = module.cancel(record, runner)
+    state = module.status(record, runner).value
+    click.echo(f"{record.backend} job {record.job_id}: {state}" +
+               ("" if signalled else " (already finished; nothing signalled)"))

@@ -118,19 +118,21 @@ def _recorded_stop(record: JobRecord) -> JobState | None:
     return JobState.CANCELLED if record.extra.get("cancelled_unix") else JobState.PREEMPTED
 
 
-def cancel(record: JobRecord, runner: CommandRunner | None = None, *, grace_s: float = 10) -> None:
+def cancel(record: JobRecord, runner: CommandRunner | None = None, *, grace_s: float = 10) -> bool:
     """Stop the job's process group (torchrun forwards the signal: ranks checkpoint and exit), then every
     process still holding the run-dir lock: ranks in sessions of their own, or orphaned by a killed
     torchrun, are found by the lock they hold, not by their group. A finished job is not signalled; a
-    group is signalled only when its leader is the process orch started (:func:`job_leader`)."""
+    group is signalled only when its leader is the process orch started (:func:`job_leader`). Returns
+    whether anything was asked to stop."""
     if status(record).finished:
-        return
+        return False
     leader = job_leader(record)
     record.extra["cancelled_unix"] = time.time()
     record.save()
     if leader:
         stop_group(leader, grace_s=grace_s)
     stop_pids(lambda: holders(record.run_dir), grace_s=grace_s)
+    return True
 
 
 def stop_pids(find, *, grace_s: float) -> None:

@@ -229,12 +229,12 @@ def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
     return rank_exit_code(int(result["exit_code"]), Path(record.log_path)) if result else 1
 
 
-def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> None:
+def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> bool:
     """SIGTERM the supervisor (it stops every host and records CANCELLED); stop the hosts ourselves if it
     is gone. Nothing is signalled once the supervisor recorded a result; the supervisor only when it is the
-    process orch started (same start time and boot)."""
+    process orch started (same start time and boot). Returns whether anything was asked to stop."""
     if read_result(record):
-        return
+        return False
     record.extra["cancelled_unix"] = time.time()
     record.save()
     if supervisor_alive(record):
@@ -249,6 +249,7 @@ def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: fl
         write_result(Path(record.run_dir) / LOG_DIR / RESULT_FILE,
                      {"state": JobState.CANCELLED.value, "exit_code": 143, "failed_host": None,
                       "host_exit_codes": {}, "run_id": record.extra["run_id"]})
+    return True
 
 
 def stop_remote(target: PdshTarget, run_id: str, runner: CommandRunner) -> None:

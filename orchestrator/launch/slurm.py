@@ -248,21 +248,24 @@ def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
     return rank_exit_code(code, Path(record.extra.get("error_path", record.log_path)))
 
 
-def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> None:
-    """scancel (SIGTERM to every rank: the trainer checkpoints), then wait until the job has ended."""
+def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> bool:
+    """scancel (SIGTERM to every rank: the trainer checkpoints), then wait until the job has ended. Returns
+    False when SLURM says the job had already completed."""
     runner = runner or CommandRunner()
     if not _JOB_ID.fullmatch(record.job_id):     # JobRecord.load checks it too: never an option to scancel
         raise OrchError(f"refusing to scancel {record.job_id!r}: not a SLURM job id")
     result = run_slurm(runner, ["scancel", record.job_id], check=False)
-    if result.returncode != 0 and "already completing or completed" not in result.stderr + result.stdout:
+    done = "already completing or completed" in result.stderr + result.stdout
+    if result.returncode != 0 and not done:
         raise OrchError(f"`scancel {record.job_id}` exited {result.returncode}: "
                         f"{(result.stderr or result.stdout).strip()[-500:]}")
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         jobs = query(record.job_id, runner)
         if not jobs or all(job.job_state.finished and job.state != "COMPLETING" for job in jobs):
-            return
+            break
         time.sleep(0.2)
+    return not done
 
 
 def failure_report(record: JobRecord, runner: CommandRunner | None, code: int) -> str:
