@@ -270,7 +270,9 @@ def test_pid_namespace_contains_a_kill_of_every_process(tmp_path):
     """The guard the scenarios rely on: kill(-1) inside the namespace spares the processes outside it."""
     outside = subprocess.Popen(["sleep", "300"], start_new_session=True)
     script = tmp_path / "kill_all.py"
-    script.write_text("import json, os, signal, subprocess\np = subprocess.Popen(['sleep', '300'])\n"
+    script.write_text("import json, os, signal, subprocess\n"
+                      "assert os.environ.get('ORCH_TEST_PIDNS') == '1' and os.getppid() == 1\n"
+                      "p = subprocess.Popen(['sleep', '300'])\n"
                       "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nos.kill(-1, signal.SIGTERM)\n"
                       "print(json.dumps({'inside_killed': p.wait(timeout=30) == -signal.SIGTERM}))\n")
     try:
