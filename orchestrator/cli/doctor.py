@@ -18,7 +18,9 @@ import click
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=5),
               help="Give up after this many seconds, naming the nodes that did not report "
                    "[default: 180, --quick 90].")
-def command(run_dir, backend, as_json, quick, threshold, timeout_s) -> None:
+@click.option("--allow-modified", is_flag=True,
+              help="Run even though generated files differ from manifest.json (logged in logs/overrides.log).")
+def command(run_dir, backend, as_json, quick, threshold, timeout_s, allow_modified) -> None:
     """Measure every node and rank of RUN_DIR's cluster through the run's own launch path (torchrun here,
     srun on the job's nodes, pdsh on its hosts): a preflight (reachable, run dir and Python there, GPU type
     and count, free memory against the plan's per-rank peak, the rendezvous), a GEMM rate per rank,
@@ -26,13 +28,14 @@ def command(run_dir, backend, as_json, quick, threshold, timeout_s) -> None:
     node, across nodes) with the run's backend (NCCL or gloo), and p2p between every pair of nodes.
 
     Writes RUN_DIR/doctor.json (feed it to `orch plan/generate --measured`). Exit 0 when healthy, 1 naming
-    every offender by host and rank.
+    every offender by host and rank, or when a job or another orch command holds RUN_DIR; 2 when a generated
+    file differs from manifest.json (as `orch launch`, unless --allow-modified).
     """
     from ..doctor.report import render_text
     from ..doctor.run import DoctorOptions, run_doctor
 
     options = DoctorOptions(backend=backend, mode="quick" if quick else "full", threshold=threshold,
-                            timeout_s=timeout_s)
+                            timeout_s=timeout_s, allow_modified=allow_modified)
     report = run_doctor(run_dir, options, note=lambda line: click.echo(line, err=True))
     if as_json:
         click.echo(json.dumps(report, sort_keys=True, indent=2))

@@ -14,7 +14,8 @@ def command(run_dir, as_json) -> None:
     straggler the job named, if any.
 
     Exit 0 when the state is known and not a failure; 1 when the job FAILED (also NODE_FAIL, OUT_OF_MEMORY,
-    TIMEOUT); 2 when nothing was launched from RUN_DIR (no job.json: not a run dir, or never launched).
+    TIMEOUT, and a job killed from outside orch); 2 when nothing was launched from RUN_DIR (no job.json: not a
+    run dir, or never launched), or when job.json, straggler.json or .orch.lock is not what orch writes.
     """
     from ..launch import backend_module
     from ..launch.base import CommandRunner, JobRecord, JobState

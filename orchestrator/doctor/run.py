@@ -8,7 +8,9 @@
 
 Each runs with ``ORCH_ENTRY=orchestrator.doctor.probe``, so the scripts start the probe where they would
 start the trainer. Nodes that never report are named as missing from the rendezvous. Nothing of the
-training job's records (job.json, logs/exitcode, logs/pdsh_result.json) is touched.
+training job's records (job.json, logs/exitcode, logs/pdsh_result.json) is touched. Like `orch launch`, it
+refuses a run dir whose generated files differ from the manifest (unless allowed) and holds the run-dir
+lock while it measures: never beside a live job.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from pathlib import Path
 from ..errors import OrchError
 from ..launch import backend_module
 from ..launch.base import LOG_DIR, CommandRunner, JobRecord, LaunchPlan, tail_lines
+from ..launch.guard import busy_message, check_intact, refuse_if_active
 from ..rundir import RunDir, read_run_dir
+from ..runlock import locked
 from ..train.trainer import write_json
 from .probe import REQUEST_DIR, request_path, result_path
 from .report import DEFAULT_THRESHOLD, build_report
@@ -40,14 +44,27 @@ class DoctorOptions:
     mode: str = "full"                 # full | quick (the preflight of `orch launch --preflight`)
     threshold: float = DEFAULT_THRESHOLD
     timeout_s: float | None = None     # the whole probe, rendezvous included
+    allow_modified: bool = False       # run generated files that differ from manifest.json (logged)
+    check_manifest: bool = True        # False: the caller (`orch launch --preflight`) checked it already
 
 
 def run_doctor(run_dir: str | Path, options: DoctorOptions = DoctorOptions(), *, runner: CommandRunner | None = None,
                note=print) -> dict:
-    """Measure RUN_DIR's cluster; writes and returns doctor.json's content."""
+    """Measure RUN_DIR's cluster; writes and returns doctor.json's content. Refused (SpecError) when a
+    generated file was edited, unless ``options.allow_modified``; refused (RunDirBusy) while a job or another
+    orch command holds the run dir."""
     run = read_run_dir(run_dir)
     backend = options.backend or run.spec.launch.backend
     backend_module(backend)   # validates the name
+    if options.check_manifest:
+        check_intact(run, allow_modified=options.allow_modified, dry_run=False, note=note)
+    runner = runner or CommandRunner()
+    with locked(run.path, busy_message(run.path)):
+        refuse_if_active(run.path, runner)
+        return _measure(run, backend, options, runner, note)
+
+
+def _measure(run: RunDir, backend: str, options: DoctorOptions, runner: CommandRunner, note) -> dict:
     timeout_s = options.timeout_s or TIMEOUT_S[options.mode]
     token = uuid.uuid4().hex[:12]
     (run.path / REQUEST_DIR).mkdir(exist_ok=True)
@@ -58,7 +75,7 @@ def run_doctor(run_dir: str | Path, options: DoctorOptions = DoctorOptions(), *,
     hosts, problems, log = None, [], run.path / LOG_DIR / "doctor.log"
     try:
         launcher = {"local": _local, "pdsh": _pdsh, "slurm": _slurm}[backend]
-        hosts, problems, log = launcher(run, token, timeout_s, runner or CommandRunner(), note)
+        hosts, problems, log = launcher(run, token, timeout_s, runner, note)
     finally:
         request_path(run.path, token).unlink(missing_ok=True)
     result = _read_result(run.path, token)

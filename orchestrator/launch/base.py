@@ -2,24 +2,32 @@
 
 A backend builds a :class:`LaunchPlan` purely from a run dir (argv, environment, working directory);
 :class:`CommandRunner` is the only place that starts processes, so tests can see exactly what runs.
-The job record (``RUN_DIR/job.json``) remembers what was started for ``orch status`` / ``orch cancel``.
+The job record (``RUN_DIR/job.json``) remembers what was started for ``orch status`` / ``orch cancel``:
+absolute paths, and for a process orch started its start time and the boot id, so that a signal only ever
+reaches that process (never a pid reused since, or one an edited job.json names).
 """
 from __future__ import annotations
 
 import enum
 import json
+import math
 import os
 import re
 import shlex
+import stat
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import OrchError
+from ..errors import OrchError, Problem, SpecError
 from ..render.scripts import SECRET_ENV  # noqa: F401  (credentials: environment only, never written)
 
 JOB_RECORD = "job.json"
 LOG_DIR = "logs"
+RECORD_MAX_BYTES = 1 << 20
+_PID = re.compile(r"[1-9][0-9]{0,9}")
+_SLURM_JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")
+_BACKENDS = ("local", "slurm", "pdsh")
 
 
 class JobState(enum.Enum):
@@ -100,11 +108,138 @@ class JobRecord:
 
     @staticmethod
     def load(run_dir: str | Path) -> "JobRecord":
+        """RUN_DIR/job.json, checked (SpecError naming the file and field when it is not what orch writes);
+        its paths are absolute, and it must name the run dir it lies in."""
         path = Path(run_dir) / JOB_RECORD
-        if not path.is_file():
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
             raise NotLaunched(f"{run_dir}: nothing was launched from this run dir (no {JOB_RECORD}); "
-                              f"start it with `orch launch {run_dir}`")
-        return JobRecord(**json.loads(path.read_text()))
+                              f"start it with `orch launch {run_dir}`") from None
+        except OSError as e:
+            raise SpecError(Problem(str(path), f"cannot read it: {e.strerror}")) from None
+        if not stat.S_ISREG(info.st_mode) or info.st_size > RECORD_MAX_BYTES:
+            raise _bad(path, "", "not a regular file of at most 1 MiB (orch writes a small JSON file here)")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                data = json.loads(f.read(RECORD_MAX_BYTES + 1).decode())
+        except OSError as e:
+            raise SpecError(Problem(str(path), f"cannot read it: {e.strerror}")) from None
+        except (ValueError, RecursionError) as e:
+            raise _bad(path, "", f"not valid JSON ({str(e)[:120]})") from None
+        return JobRecord(**check_record(data, path, Path(run_dir)))
+
+
+def _bad(path: Path, field_name: str, message: str) -> SpecError:
+    where = f"{path}: {field_name}" if field_name else str(path)
+    return SpecError(Problem(where, message, f"orch writes {JOB_RECORD} at launch; if no job of this run dir is "
+                             f"running, delete {path} (nothing will be signalled for it)"))
+
+
+def check_record(data, path: Path, run_dir: Path) -> dict:
+    """The fields of a job.json, checked against what orch writes; raises SpecError naming the field."""
+    if not isinstance(data, dict):
+        raise _bad(path, "", f"expected a JSON object, found {type(data).__name__}")
+    for name, kind in (("backend", str), ("job_id", str), ("run_dir", str), ("log_path", str), ("extra", dict)):
+        if name in data and not isinstance(data[name], kind):
+            raise _bad(path, name, f"expected a {'JSON object' if kind is dict else 'string'}, found "
+                                   f"{type(data[name]).__name__}")
+    for name in ("backend", "job_id", "run_dir", "submitted_unix"):
+        if name not in data:
+            raise _bad(path, name, "missing")
+    if data["backend"] not in _BACKENDS:
+        raise _bad(path, "backend", f"{data['backend']!r} is not one of {', '.join(_BACKENDS)}")
+    submitted = data["submitted_unix"]
+    if isinstance(submitted, bool) or not isinstance(submitted, (int, float)) or not math.isfinite(submitted):
+        raise _bad(path, "submitted_unix", f"expected a finite number, found {submitted!r}")
+    job_id = data["job_id"]
+    if data["backend"] == "slurm":
+        if not _SLURM_JOB_ID.fullmatch(job_id):
+            raise _bad(path, "job_id", f"{job_id[:40]!r} is not a SLURM job id (digits, or ARRAY_TASK)")
+    elif not _PID.fullmatch(job_id) or int(job_id) <= 1 or int(job_id) in (os.getpid(), os.getpgrp()):
+        raise _bad(path, "job_id", f"{job_id[:40]!r} is not the process id of a job orch started (an integer > 1, "
+                                   "not this orch process or its group)")
+    recorded = Path(data["run_dir"])
+    here = Path(os.path.abspath(run_dir))
+    if recorded.is_absolute() and not _same_dir(recorded, here):
+        raise _bad(path, "run_dir", f"names {str(recorded)[:200]}, not the run dir it lies in ({here}): a copied, "
+                                    "moved or edited job.json")
+    extra = data.get("extra", {})
+    check_extra(data["backend"], extra, path)
+    log_path = data.get("log_path", "")
+    if log_path and not Path(log_path).is_absolute():    # written by an older orch, relative to its cwd
+        log_path = str(here / LOG_DIR / Path(log_path).name)
+    return {"backend": data["backend"], "job_id": job_id, "run_dir": str(here), "submitted_unix": float(submitted),
+            "log_path": log_path, "extra": dict(extra)}
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+_EXTRA_TYPES = {"start_ticks": int, "boot_id": str, "cancelled_unix": (int, float), "run_id": str, "hosts": list,
+                "ssh_port": int, "fanout": int, "master_port": int, "error_path": str, "array_job_id": str}
+
+
+def check_extra(backend: str, extra: dict, path: Path) -> None:
+    for name, kind in _EXTRA_TYPES.items():
+        value = extra.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise _bad(path, f"extra.{name}", f"unexpected value {str(value)[:40]!r}")
+    cancelled = extra.get("cancelled_unix")
+    if cancelled is not None and not math.isfinite(cancelled):
+        raise _bad(path, "extra.cancelled_unix", f"expected a finite number, found {cancelled!r}")
+    if backend == "pdsh":
+        for name in ("run_id", "hosts", "ssh_port", "fanout"):
+            if name not in extra:
+                raise _bad(path, f"extra.{name}", "missing (the pdsh backend records it at launch)")
+        if not re.fullmatch(r"[0-9a-f]{1,64}", extra["run_id"]):
+            raise _bad(path, "extra.run_id", f"{extra['run_id'][:40]!r} is not a run id orch writes (hex digits)")
+        if not extra["hosts"] or not all(isinstance(h, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,253}", h)
+                                         for h in extra["hosts"]):
+            raise _bad(path, "extra.hosts", "expected a non-empty list of host names")
+        if not 1 <= extra["ssh_port"] <= 65535 or extra["fanout"] < 1:
+            raise _bad(path, "extra.ssh_port", "ssh_port must be 1-65535 and fanout at least 1")
+
+
+# --- the processes orch started ------------------------------------------------------------------------
+
+def boot_id() -> str:
+    """This boot's id (/proc/sys/kernel/random/boot_id): start times in clock ticks count from boot."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks since boot: /proc/PID/stat field 22), None when there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[19])
+
+
+def identity(pid: int) -> dict:
+    """What job.json records of a process orch just started, to know it again later."""
+    return {"start_ticks": (process_stat(pid) or ("", 0))[1], "boot_id": boot_id()}
+
+
+def is_started_process(record: "JobRecord") -> bool:
+    """The record's job_id is the very process orch started: alive (not a zombie), the same start time,
+    in the same boot. False for a record without a start time (nothing proves it is that process)."""
+    ticks = record.extra.get("start_ticks")
+    if not _PID.fullmatch(record.job_id) or not isinstance(ticks, int) or not ticks:
+        return False
+    stat_now = process_stat(int(record.job_id))
+    recorded_boot = record.extra.get("boot_id")
+    return (stat_now is not None and stat_now[0] not in ("Z", "X") and stat_now[1] == ticks
+            and (recorded_boot is None or recorded_boot == boot_id()))
 
 
 class CommandRunner:

@@ -42,13 +42,11 @@ def check_intact(run: RunDir, *, allow_modified: bool, dry_run: bool, note: Call
 
 
 def refuse_if_active(run_dir: Path, runner) -> None:
-    """A job recorded in job.json that has not finished keeps the run dir: name it and refuse."""
-    if not (run_dir / JOB_RECORD).is_file():
+    """A job recorded in job.json that has not finished keeps the run dir: name it and refuse. A job.json
+    orch did not write is refused too (SpecError naming it): what it says cannot be checked."""
+    if not (run_dir / JOB_RECORD).exists() and not (run_dir / JOB_RECORD).is_symlink():
         return
-    try:
-        record = JobRecord.load(run_dir)
-    except (TypeError, ValueError):       # a job.json orch did not write: nothing to protect
-        return
+    record = JobRecord.load(run_dir)
     from . import backend_module  # noqa: PLC0415
 
     state = backend_module(record.backend).status(record, runner)

@@ -1,7 +1,9 @@
 """The local backend: torchrun with the plan's processes on this host (the default; works on a laptop).
 
 It runs the run dir's own ``launch_local.sh`` (what a user would run by hand) with the current Python,
-a free rendezvous port, and torchrun's per-rank logs under ``RUN_DIR/logs/torchrun``.
+a free rendezvous port, and torchrun's per-rank logs under ``RUN_DIR/logs/torchrun``. ``orch cancel``
+signals only the process group orch started (its leader's start time and boot id are in job.json) and the
+processes holding the run dir's flock, and nothing once the job has finished.
 """
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import OrchError
 from ..rundir import RunDir
 from ..runlock import holders
 from .base import (LOG_DIR, CommandRunner, JobRecord, JobState, LaunchFailed, LaunchPlan,  # noqa: F401
-                   rank_exit_code, tail_lines, torchrun_failure)
+                   identity, is_started_process, rank_exit_code, tail_lines, torchrun_failure)
 
 EXIT_CODE_FILE = "exitcode"
 
@@ -46,27 +49,44 @@ def submit(plan: LaunchPlan, runner: CommandRunner):
     if log_path.exists():       # this launch's log only: a failure report must not find an earlier failure
         os.replace(log_path, logs / "launch.previous.log")
     proc = runner.start(plan, log_path=log_path)
-    record = JobRecord(backend="local", job_id=str(proc.pid), run_dir=str(plan.cwd),
-                       submitted_unix=time.time(), log_path=str(log_path))
+    record = JobRecord(backend="local", job_id=str(proc.pid), run_dir=str(plan.cwd.resolve()),
+                       submitted_unix=time.time(), log_path=str(log_path.resolve()), extra=identity(proc.pid))
     record.save()
     return record, proc
 
 
 def status(record: JobRecord, runner: CommandRunner | None = None) -> JobState:
+    """COMPLETED / FAILED / CANCELLED from the exit code the wrapper wrote; RUNNING while the process orch
+    started lives or any process holds the run dir's flock; with neither, the job was killed: CANCELLED
+    when `orch cancel` did it, else FAILED (killed from outside orch)."""
     code_file = Path(record.run_dir) / LOG_DIR / EXIT_CODE_FILE
     if code_file.is_file():
-        text = code_file.read_text().strip()
+        text = code_file.read_text(errors="replace").strip()
         if text == "0":
             return JobState.COMPLETED
         stopped = _recorded_stop(record)
         if stopped:
             return stopped
-        if text in ("130", "143") or _ended_after_cancel(record, code_file):
-            return JobState.CANCELLED
-        return JobState.FAILED
-    if _alive(int(record.job_id)) or holders(record.run_dir):    # ranks outlive a killed torchrun
+        return JobState.CANCELLED if _ended_after_cancel(record, code_file) else JobState.FAILED
+    if job_leader(record) or holders(record.run_dir):    # ranks outlive a killed torchrun
         return JobState.RUNNING
-    return JobState.CANCELLED
+    return JobState.CANCELLED if _cancelled(record) else JobState.FAILED
+
+
+def job_leader(record: JobRecord) -> int | None:
+    """The pid of the job's process group leader when it is the very process orch started and still leads
+    its own group; None otherwise (gone, a pid reused since, or a job.json naming some other process)."""
+    if not is_started_process(record):
+        return None
+    pid = int(record.job_id)
+    try:
+        return pid if os.getpgid(pid) == pid and pid != os.getpgrp() else None
+    except OSError:
+        return None
+
+
+def _cancelled(record: JobRecord) -> bool:
+    return isinstance(record.extra.get("cancelled_unix"), (int, float))
 
 
 def _ended_after_cancel(record: JobRecord, code_file: Path) -> bool:
@@ -98,14 +118,21 @@ def _recorded_stop(record: JobRecord) -> JobState | None:
     return JobState.CANCELLED if record.extra.get("cancelled_unix") else JobState.PREEMPTED
 
 
-def cancel(record: JobRecord, runner: CommandRunner | None = None, *, grace_s: float = 10) -> None:
+def cancel(record: JobRecord, runner: CommandRunner | None = None, *, grace_s: float = 10) -> bool:
     """Stop the job's process group (torchrun forwards the signal: ranks checkpoint and exit), then every
     process still holding the run-dir lock: ranks in sessions of their own, or orphaned by a killed
-    torchrun, are found by the lock they hold, not by their group."""
+    torchrun, are found by the lock they hold, not by their group. A finished job is not signalled; a
+    group is signalled only when its leader is the process orch started (:func:`job_leader`). Returns
+    whether anything was asked to stop."""
+    if status(record).finished:
+        return False
+    leader = job_leader(record)
     record.extra["cancelled_unix"] = time.time()
     record.save()
-    stop_group(int(record.job_id), grace_s=grace_s)
+    if leader:
+        stop_group(leader, grace_s=grace_s)
     stop_pids(lambda: holders(record.run_dir), grace_s=grace_s)
+    return True
 
 
 def stop_pids(find, *, grace_s: float) -> None:
@@ -151,7 +178,10 @@ def _alive(pid: int) -> bool:
 
 
 def stop_group(pgid: int, *, grace_s: float = 10) -> None:
-    """SIGINT the job's process group (torchrun stops its workers), then SIGTERM, then SIGKILL."""
+    """SIGINT the job's process group (torchrun stops its workers), then SIGTERM, then SIGKILL. Only a real
+    group of another process: killpg(1) would signal every process, killpg(0) orch's own group."""
+    if pgid <= 1 or pgid == os.getpgrp():
+        raise OrchError(f"refusing to signal process group {pgid}: not a job's group")
     for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         try:
             os.killpg(pgid, sig)

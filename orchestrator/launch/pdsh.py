@@ -27,8 +27,8 @@ from ..errors import OrchError, SpecError
 from ..layout import pdsh_host_count_problem
 from ..render.scripts import pdsh_hosts, pdsh_ssh_options
 from ..rundir import RunDir, read_run_dir
-from .base import (LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, rank_exit_code, tail_lines,
-                   torchrun_failure)
+from .base import (LOG_DIR, CommandRunner, JobRecord, JobState, LaunchPlan, identity,  # noqa: F401
+                   is_started_process, process_stat, rank_exit_code, tail_lines, torchrun_failure)
 
 SCRIPT = "launch_pdsh.sh"
 RESULT_FILE = "pdsh_result.json"
@@ -187,10 +187,9 @@ def submit(plan: LaunchPlan, runner: CommandRunner):
     (logs / RESULT_FILE).unlink(missing_ok=True)
     log_path = logs / LAUNCH_LOG
     proc = runner.start(replace(plan, env=env), log_path=log_path)
-    record = JobRecord(backend="pdsh", job_id=str(proc.pid), run_dir=str(plan.cwd), submitted_unix=time.time(),
-                       log_path=str(log_path),
-                       extra={"run_id": env["ORCH_PDSH_RUN_ID"], "hosts": list(target.hosts),
-                              "start_ticks": (process_stat(proc.pid) or ("", 0))[1],
+    record = JobRecord(backend="pdsh", job_id=str(proc.pid), run_dir=str(plan.cwd.resolve()),
+                       submitted_unix=time.time(), log_path=str(log_path.resolve()),
+                       extra={"run_id": env["ORCH_PDSH_RUN_ID"], "hosts": list(target.hosts), **identity(proc.pid),
                               "ssh_port": target.ssh_port, "fanout": target.fanout,
                               "master_port": int(env["MASTER_PORT"])})
     record.save()
@@ -198,21 +197,31 @@ def submit(plan: LaunchPlan, runner: CommandRunner):
 
 
 def read_result(record: JobRecord) -> dict | None:
+    """logs/pdsh_result.json when it is what the supervisor writes (a state and an exit code), else None."""
     path = Path(record.run_dir) / LOG_DIR / RESULT_FILE
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        result = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
         return None
+    if not isinstance(result, dict) or result.get("state") not in JobState.__members__ or \
+            isinstance(result.get("exit_code"), bool) or not isinstance(result.get("exit_code"), int):
+        return None
+    return result
 
 
 def status(record: JobRecord, runner: CommandRunner | None = None) -> JobState:
+    """The supervisor's result; RUNNING while it lives; FAILED when it is gone without one. A result of
+    CANCELLED that `orch cancel` did not ask for (the supervisor was signalled from outside) is FAILED."""
     result = read_result(record)
-    if result:
-        return JobState(result["state"])
-    if supervisor_alive(record):
+    if not result and supervisor_alive(record):
         return JobState.RUNNING
-    result = read_result(record)   # it may have ended between the two looks
-    return JobState(result["state"]) if result else JobState.FAILED
+    result = result or read_result(record)   # it may have ended between the two looks
+    if not result:
+        return JobState.FAILED
+    state = JobState(result["state"])
+    if state is JobState.CANCELLED and not isinstance(record.extra.get("cancelled_unix"), (int, float)):
+        return JobState.FAILED
+    return state
 
 
 def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
@@ -220,11 +229,14 @@ def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
     return rank_exit_code(int(result["exit_code"]), Path(record.log_path)) if result else 1
 
 
-def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> None:
+def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> bool:
     """SIGTERM the supervisor (it stops every host and records CANCELLED); stop the hosts ourselves if it
-    is gone."""
+    is gone. Nothing is signalled once the supervisor recorded a result; the supervisor only when it is the
+    process orch started (same start time and boot). Returns whether anything was asked to stop."""
     if read_result(record):
-        return
+        return False
+    record.extra["cancelled_unix"] = time.time()
+    record.save()
     if supervisor_alive(record):
         os.kill(int(record.job_id), signal.SIGTERM)
         deadline = time.monotonic() + wait_s
@@ -237,6 +249,7 @@ def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: fl
         write_result(Path(record.run_dir) / LOG_DIR / RESULT_FILE,
                      {"state": JobState.CANCELLED.value, "exit_code": 143, "failed_host": None,
                       "host_exit_codes": {}, "run_id": record.extra["run_id"]})
+    return True
 
 
 def stop_remote(target: PdshTarget, run_id: str, runner: CommandRunner) -> None:
@@ -252,18 +265,9 @@ def write_result(path: Path, result: dict) -> None:
 
 
 def supervisor_alive(record: JobRecord) -> bool:
-    """The supervisor of this record is running: its pid is alive, not a zombie, and started when it did."""
-    stat = process_stat(int(record.job_id))
-    return stat is not None and stat[0] != "Z" and stat[1] == record.extra.get("start_ticks")
-
-
-def process_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks since boot) of a process, None when there is none."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], int(fields[19])
+    """The supervisor of this record is running: its pid is alive, not a zombie, and started when it did
+    (same start time, same boot)."""
+    return is_started_process(record)
 
 
 def failure_report(record: JobRecord, runner: CommandRunner | None, code: int) -> str:

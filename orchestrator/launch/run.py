@@ -67,8 +67,8 @@ def run_preflight(run_dir: Path, backend: str, runner: CommandRunner, note, time
     from ..doctor.report import offender_summary  # noqa: PLC0415
     from ..doctor.run import DoctorOptions, run_doctor  # noqa: PLC0415
 
-    report = run_doctor(run_dir, DoctorOptions(backend=backend, mode="quick", timeout_s=timeout_s), runner=runner,
-                        note=note)
+    options = DoctorOptions(backend=backend, mode="quick", timeout_s=timeout_s, check_manifest=False)  # checked
+    report = run_doctor(run_dir, options, runner=runner, note=note)
     if not report["healthy"]:
         raise OrchError(f"preflight failed ({report['seconds']:.0f} s), nothing was started: "
                         f"{offender_summary(report)}; details in {run_dir / 'doctor.json'}")

@@ -195,9 +195,10 @@ def submit(plan: LaunchPlan, runner: CommandRunner):
     (plan.cwd / LOG_DIR).mkdir(exist_ok=True)   # slurmd does not create the --output directory
     result = run_slurm(runner, plan.argv, cwd=plan.cwd, env=plan.env)
     job_id = parse_sbatch_output(result.stdout, result.stderr)
-    record = JobRecord(backend="slurm", job_id=job_id, run_dir=str(plan.cwd), submitted_unix=time.time(),
-                       log_path=str(plan.cwd / SLURM_OUTPUT.replace("%j", job_id)),
-                       extra={"error_path": str(plan.cwd / SLURM_ERROR.replace("%j", job_id))})
+    cwd = plan.cwd.resolve()
+    record = JobRecord(backend="slurm", job_id=job_id, run_dir=str(cwd), submitted_unix=time.time(),
+                       log_path=str(cwd / SLURM_OUTPUT.replace("%j", job_id)),
+                       extra={"error_path": str(cwd / SLURM_ERROR.replace("%j", job_id))})
     record.save()
     return record, None
 
@@ -211,7 +212,7 @@ def submit_sweep(plan: LaunchPlan, runner: CommandRunner) -> list[JobRecord]:
     records = []
     for i, path in enumerate(plan.env["ORCH_SWEEP_RUN_DIRS"].split("\n")):
         task = f"{array_id}_{i}"
-        logs = plan.cwd / LOG_DIR
+        logs = plan.cwd.resolve() / LOG_DIR
         record = JobRecord(backend="slurm", job_id=task, run_dir=path, submitted_unix=time.time(),
                            log_path=str(logs / f"slurm-{task}.out"),
                            extra={"error_path": str(logs / f"slurm-{task}.err"), "array_job_id": array_id})
@@ -247,19 +248,24 @@ def exit_code(record: JobRecord, runner: CommandRunner | None = None) -> int:
     return rank_exit_code(code, Path(record.extra.get("error_path", record.log_path)))
 
 
-def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> None:
-    """scancel (SIGTERM to every rank: the trainer checkpoints), then wait until the job has ended."""
+def cancel(record: JobRecord, runner: CommandRunner | None = None, *, wait_s: float = CANCEL_WAIT_S) -> bool:
+    """scancel (SIGTERM to every rank: the trainer checkpoints), then wait until the job has ended. Returns
+    False when SLURM says the job had already completed."""
     runner = runner or CommandRunner()
+    if not _JOB_ID.fullmatch(record.job_id):     # JobRecord.load checks it too: never an option to scancel
+        raise OrchError(f"refusing to scancel {record.job_id!r}: not a SLURM job id")
     result = run_slurm(runner, ["scancel", record.job_id], check=False)
-    if result.returncode != 0 and "already completing or completed" not in result.stderr + result.stdout:
+    done = "already completing or completed" in result.stderr + result.stdout
+    if result.returncode != 0 and not done:
         raise OrchError(f"`scancel {record.job_id}` exited {result.returncode}: "
                         f"{(result.stderr or result.stdout).strip()[-500:]}")
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         jobs = query(record.job_id, runner)
         if not jobs or all(job.job_state.finished and job.state != "COMPLETING" for job in jobs):
-            return
+            break
         time.sleep(0.2)
+    return not done
 
 
 def failure_report(record: JobRecord, runner: CommandRunner | None, code: int) -> str:

@@ -19,6 +19,7 @@ of the job (pdsh forwards ``ORCH_STRAGGLER_*`` to the hosts):
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -26,6 +27,8 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ..errors import Problem, SpecError
 
 STRAGGLER_FILE = "straggler.json"
 DEFAULT_THRESHOLD = 1.2
@@ -135,9 +138,26 @@ class StragglerWatch:
 
 
 def read_straggler(run_dir: str | Path) -> dict | None:
-    """What the job last reported about a persistent straggler (None when it named none)."""
+    """What the job last reported about a persistent straggler (None when it named none); a straggler.json
+    that is not what the trainer writes is a SpecError naming the file and field."""
     path = Path(run_dir) / STRAGGLER_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    if not path.exists() and not path.is_symlink():
         return None
+    hint = f"the trainer rewrites {STRAGGLER_FILE} when it names a straggler; delete {path}"
+    try:
+        if not path.is_file() or path.is_symlink() or path.stat().st_size > 1 << 20:
+            raise SpecError(Problem(str(path), "not a regular file of at most 1 MiB", hint))
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise SpecError(Problem(str(path), f"cannot read it: {e.strerror}", hint)) from None
+    except (ValueError, RecursionError) as e:
+        raise SpecError(Problem(str(path), f"not valid JSON ({str(e)[:120]})", hint)) from None
+    if not isinstance(data, dict):
+        raise SpecError(Problem(str(path), f"expected a JSON object, found {type(data).__name__}", hint))
+    for name, kind in (("rank", int), ("host", str), ("spread", float), ("since_step", int), ("step", int)):
+        value = data.get(name)
+        ok = isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool)
+        if not ok or (kind is float and not math.isfinite(value)):
+            wanted = {float: "a finite number", int: "an integer", str: "a string"}[kind]
+            raise SpecError(Problem(f"{path}: {name}", f"expected {wanted}, found {str(value)[:40]!r}", hint))
+    return data

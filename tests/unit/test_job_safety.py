@@ -92,7 +92,7 @@ def test_a_live_job_keeps_the_run_dir(run_dir):
     try:
         with pytest.raises(RunDirBusy, match=f"local job {record.job_id} is RUNNING"):
             refuse_if_active(run_dir, CommandRunner())
-        with pytest.raises(RunDirBusy, match=f"local job {record.job_id} "):
+        with pytest.raises(RunDirBusy, match=f"local job {record.job_id} still holds .orch.lock"):   # the lock
             submit_exclusive(run_dir, local, plan, CommandRunner())
         deadline = time.monotonic() + scaled_s(10)
         while len(holders(run_dir)) < 2 and time.monotonic() < deadline:
