@@ -46,6 +46,8 @@ MAX_SEED = 2 ** 32 - 1             # numpy's seed range (torch's is wider)
 MAX_SLURM_SIGNAL_S = 65535         # sbatch --signal: sig_time must lie in 0..65535
 SLURM_TIME_PATTERN = r"([0-9]{1,3}-([01]?[0-9]|2[0-3])|[0-9]{1,3}):[0-5][0-9]:[0-5][0-9]"  # ASCII digits only
 WANDB_NAME_PATTERN = r"[^/\\#?%:]{1,128}"   # W&B refuses these characters in project and entity names
+_DIR_PART = r"(?!\.{1,2}(/|$))[A-Za-z0-9._+=@,-]{1,255}"      # a path component that is not . or ..
+RUN_DIR_PATH_PATTERN = rf"{_DIR_PART}(/{_DIR_PART}){{0,31}}/?"   # relative, inside the run dir: no /x, no ..
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 Recompute = Literal["none", "selective", "full"]
@@ -143,9 +145,12 @@ class LrScheduleSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSpec:
-    """Where and how often the training job checkpoints (relative dir = inside the run dir)."""
+    """Where (inside the run dir) and how often the training job checkpoints."""
 
-    dir: str = spec_field("checkpoints", doc="checkpoint directory")
+    dir: str = spec_field("checkpoints", doc="checkpoint directory, inside the run dir (a relative path; symlinks "
+                          "out of the run dir are refused at launch)", pattern=RUN_DIR_PATH_PATTERN,
+                          pattern_hint="a relative path inside the run dir such as 'checkpoints': no leading /, "
+                          "no '..', only letters, digits and . _ - + = @ ,")
     interval: int = spec_field(100, doc="save every N optimizer steps", minimum=1,
                            maximum=MAX_STEPS)
 
