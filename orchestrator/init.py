@@ -5,7 +5,6 @@ import os
 
 from .catalog.gpus import GPUS
 from .catalog.models import MODELS, preset_fields
-from .errors import SpecError
 from .resources import data_dir
 from .spec import default_engine, default_host_memory_GiB
 

@@ -107,3 +107,20 @@ def read_regular_no_follow(path: str | os.PathLike, limit_bytes: int) -> bytes |
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         return f.read(limit_bytes)
+
+
+def replace_file(path: str | os.PathLike, text: str) -> None:
+    """Replace ``path`` by a file holding ``text``, atomically, for files orch keeps in a run dir: the
+    temporary file is created new (a link or file planted under its name is removed, never written
+    through), and a link at ``path`` is replaced itself, not followed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

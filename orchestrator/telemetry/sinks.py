@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from ..outfiles import NO_FOLLOW
+from ..outfiles import NO_FOLLOW, replace_file
 from .record import MetricsRecord
 
 METRICS_FILE = "metrics.jsonl"
@@ -169,9 +169,7 @@ def truncate_metrics(path: str | Path, last_step: int) -> int:
             seen.add(step)
     dropped = len(lines) - len(kept)
     if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        replace_file(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
     return dropped
 
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..outfiles import read_regular_no_follow
+from ..outfiles import read_regular_no_follow, replace_file
 from .record import MetricsRecord
 from .sinks import record_dict
 
@@ -171,15 +171,9 @@ def _run_id(run_dir: Path) -> str:
     if data is not None or os.path.lexists(path):
         print(f"[orch-train] warning: {path} is not a regular file holding a W&B run id ([A-Za-z0-9_-], at most "
               f"64 characters); starting a new W&B run {run_id} and replacing it", file=sys.stderr, flush=True)
-    tmp = path.with_name(f".{RUN_ID_FILE}.tmp")
     try:
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(run_id + "\n")
-        os.replace(tmp, path)
+        replace_file(path, run_id + "\n")
     except OSError as e:      # e.g. a directory in the way: W&B still runs, a resumed job starts a new run
-        tmp.unlink(missing_ok=True)
         print(f"[orch-train] warning: cannot save the W&B run id in {path} ({e.strerror}): a resumed job will "
               "start a new W&B run", file=sys.stderr, flush=True)
     return run_id

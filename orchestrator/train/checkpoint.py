@@ -26,6 +26,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..outfiles import replace_file
+
 LATEST = "latest"
 CHECKPOINT_MANIFEST = "orch_checkpoint.json"     # in each step dir: what was written and verified
 _TAG = re.compile(r"global_step(\d+)")
@@ -85,9 +87,7 @@ def latest_step(ckpt_dir: Path) -> int | None:
 
 
 def write_latest(ckpt_dir: Path, step: int) -> None:
-    tmp = Path(ckpt_dir) / f".{LATEST}.tmp"
-    tmp.write_text(tag_for(step))
-    os.replace(tmp, Path(ckpt_dir) / LATEST)
+    replace_file(Path(ckpt_dir) / LATEST, tag_for(step))
 
 
 # --- verification ------------------------------------------------------------------------------------------
@@ -184,9 +184,8 @@ def write_manifest(ckpt_dir: Path, step: int) -> str | None:
         if problem:
             return f"{name}: {problem}"
     digests = {name: file_sha256(step_dir / name) for name in files}
-    tmp = step_dir / f".{CHECKPOINT_MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"step": step, "files": files, "sha256": digests}, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, step_dir / CHECKPOINT_MANIFEST)
+    replace_file(step_dir / CHECKPOINT_MANIFEST,
+                 json.dumps({"step": step, "files": files, "sha256": digests}, indent=2, sort_keys=True) + "\n")
     return None
 
 

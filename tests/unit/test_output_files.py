@@ -243,3 +243,21 @@ def test_wandb_run_id_is_never_read_through_a_symlink(tmp_path, capsys):
     assert run_id != "topsecret1" and secret.read_text() == "topsecret1\n"
     assert not (tmp_path / RUN_ID_FILE).is_symlink()
     assert "not a regular file holding a W&B run id" in capsys.readouterr().err
+
+
+def test_run_dir_files_are_replaced_without_writing_through_a_planted_link(tmp_path):
+    """train_status.json, latest, the checkpoint manifest and wandb_run_id go through a temporary file:
+    a link planted under its name (or at the file itself) is replaced, its target never written."""
+    from orchestrator.train.checkpoint import write_latest
+    from orchestrator.train.trainer import write_json
+
+    outside = tmp_path / "outside"
+    outside.write_text("keep\n")
+    (tmp_path / ".train_status.json.tmp").symlink_to(outside)
+    (tmp_path / "latest").symlink_to(outside)
+    write_json(tmp_path / "train_status.json", {"state": "finished"})
+    write_latest(tmp_path, 4)
+    assert outside.read_text() == "keep\n"
+    assert json.loads((tmp_path / "train_status.json").read_text()) == {"state": "finished"}
+    assert not (tmp_path / "latest").is_symlink() and (tmp_path / "latest").read_text() == "global_step4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "outside", "train_status.json"]
