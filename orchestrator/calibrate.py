@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -331,16 +329,16 @@ def calibrate(sources: list[str], warmup: int | None = None) -> Calibration:
     return fit_calibration(load_runs(sources), warmup)
 
 
-def write_calibration(cal: Calibration, path: str | Path) -> Path:
-    """calib.json, written atomically (sorted keys, indent 2)."""
+def write_calibration(cal: Calibration, path: str | Path, *, force: bool = False) -> Path:
+    """calib.json, written atomically (sorted keys, indent 2); an existing file only with ``force``,
+    never anything but a regular file (see orchestrator.outfiles)."""
+    from .outfiles import write_output_file  # noqa: PLC0415
+
     out = Path(path)
     if not out.parent.is_dir():
         raise SpecError(Problem(str(out), f"directory {out.parent} does not exist", "create it first"))
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(cal.to_dict(), sort_keys=True, indent=2) + "\n")
-    os.replace(tmp, out)
-    return out
+    return write_output_file(out, json.dumps(cal.to_dict(), sort_keys=True, indent=2) + "\n", force=force,
+                             option="--output")
 
 
 # --- reading calib.json back ---------------------------------------------------------------------------

@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 
 from .catalog.gpus import GPUS
 from .catalog.models import MODELS, preset_fields
-from .errors import SpecError
 from .resources import data_dir
 from .spec import default_engine, default_host_memory_GiB
 
@@ -58,16 +55,8 @@ def _check(text: str) -> None:
 
 
 def write_new_file(path: str | os.PathLike, text: str, *, force: bool) -> None:
-    """Write ``text`` atomically; refuse to overwrite unless ``force``."""
-    path = Path(path)
-    if path.exists() and not force:
-        raise SpecError(f"{path} already exists (pass --force to overwrite)", path=str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Write ``text`` atomically; refuse to overwrite unless ``force``, and refuse anything but a regular
+    file always (see orchestrator.outfiles)."""
+    from .outfiles import write_output_file  # noqa: PLC0415
+
+    write_output_file(path, text, force=force, option="--output")

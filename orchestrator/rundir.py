@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import OrchError, Problem, SpecError, raise_if
+from .outfiles import temp_prefix, write_error
 from .plan import Plan
 from .spec import Spec, spec_sha256, spec_to_data
 from .spec_loader import parse_spec
@@ -88,15 +89,26 @@ def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False, disca
     files in it (named in the error) unless ``discard_outputs``. ``pictures``: PICTURES name -> PNG bytes,
     written with the rest and left out of the manifest."""
     out = Path(out_dir)
+    try:
+        os.lstat(out)
+    except FileNotFoundError:
+        pass
+    except OSError as e:        # a name too long, a file where a directory should be, ...
+        raise write_error(out, e, "--output") from None
     if out.exists() and not force:
         raise SpecError(f"{out} already exists (pass --force to replace it)", path=str(out))
     if out.exists() and not out.is_dir():
         raise SpecError(f"{out} exists and is not a directory", path=str(out))
+    if out.exists() and _holds_cwd(out):
+        raise SpecError(Problem("--output", f"{out} is the current directory (or one holding it): it cannot be "
+                                "replaced while in use", "run orch from another directory (e.g. `cd ..`) and "
+                                "name the run dir with -o"))
     files = render_run_dir(plan)
     files[MANIFEST] = render_manifest(plan, files)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out.name), dir=out.parent))
         for name, text in files.items():
             path = tmp / name
             path.write_text(text)
@@ -109,10 +121,17 @@ def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False, disca
             _replace(tmp, out, discard_outputs=discard_outputs)
         else:
             _rename_new(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    except OSError as e:        # a full disk, a file-size limit, a name too long: say so, leave nothing
+        raise write_error(out, e, "--output") from None
+    finally:
+        if tmp is not None and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _holds_cwd(path: Path) -> bool:
+    here, there = Path.cwd().resolve(), path.resolve()
+    return here == there or there in here.parents
 
 
 def _rename_new(tmp: Path, out: Path) -> None:
@@ -142,7 +161,7 @@ def _replace(tmp: Path, out: Path, *, discard_outputs: bool) -> None:
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name[:40]}.old-", dir=out.parent))
     os.rename(out, old / "d")
     try:
         os.rename(tmp, out)

@@ -48,6 +48,8 @@ MAX_TOTAL_TOKENS = 1e18            # the largest published pre-training runs rea
 MAX_GPU_HOUR_COST = 1e6            # per GPU-hour, in any currency: cloud list prices are ~10^0-10^1 USD
 CURRENCY_PATTERN = r"[A-Z]{3}"     # ISO 4217
 WANDB_NAME_PATTERN = r"[^/\\#?%:]{1,128}"   # W&B refuses these characters in project and entity names
+_DIR_PART = r"(?!\.{1,2}(/|$))[A-Za-z0-9._+=@,-]{1,255}"      # a path component that is not . or ..
+RUN_DIR_PATH_PATTERN = rf"{_DIR_PART}(/{_DIR_PART}){{0,31}}/?"   # relative, inside the run dir: no /x, no ..
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 Recompute = Literal["none", "selective", "full"]
@@ -157,9 +159,12 @@ class LrScheduleSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSpec:
-    """Where and how often the training job checkpoints (relative dir = inside the run dir)."""
+    """Where (inside the run dir) and how often the training job checkpoints."""
 
-    dir: str = spec_field("checkpoints", doc="checkpoint directory")
+    dir: str = spec_field("checkpoints", doc="checkpoint directory, inside the run dir (a relative path; symlinks "
+                          "out of the run dir are refused at launch)", pattern=RUN_DIR_PATH_PATTERN,
+                          pattern_hint="a relative path inside the run dir such as 'checkpoints': no leading /, "
+                          "no '..', only letters, digits and . _ - + = @ ,")
     interval: int = spec_field(100, doc="save every N optimizer steps", minimum=1,
                            maximum=MAX_STEPS)
 

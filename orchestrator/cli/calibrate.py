@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -12,12 +13,13 @@ from .table import Column, table_with_note, terminal_width, use_style, wrap_text
 @click.argument("sources", metavar="RUN...", nargs=-1, required=True)
 @click.option("-o", "--output", "out_path", required=True, type=click.Path(dir_okay=False),
               help="calib.json to write (for `orch plan/generate --calibration`).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --output file (never anything but a regular file).")
 @click.option("--warmup", type=click.IntRange(min=0),
               help="Leading steps of each run to leave out [default: 3, fewer in a short run so that it keeps at "
                    "least half of its steps; an explicit N is used as given, up to all but the last step].")
 @click.option("--json", "as_json", is_flag=True, help="Print the written calibration as JSON instead of tables.")
 @click.option("--wide", is_flag=True, help="Show every column whatever the terminal width.")
-def command(sources, out_path: str, warmup: int | None, as_json: bool, wide: bool) -> None:
+def command(sources, out_path: str, force: bool, warmup: int | None, as_json: bool, wide: bool) -> None:
     """Fit the cost model's efficiency terms (achieved fraction of peak FLOP/s, per-kernel overhead,
     effective bus bandwidth, compute/communication overlap) to measured runs of ONE cluster and precision,
     and write them to calib.json. Each RUN is a trained run dir, a W&B offline run directory or a W&B run
@@ -29,9 +31,14 @@ def command(sources, out_path: str, warmup: int | None, as_json: bool, wide: boo
     Exit 0, or 2 when a RUN cannot be used or the runs come from different clusters or precisions.
     """
     from ..calibrate import calibrate, write_calibration
+    from ..errors import SpecError
+    from ..outfiles import target_problem
 
+    problem = target_problem(Path(out_path), force=force, option="--output")   # before the fit, not after
+    if problem:
+        raise SpecError(problem)
     result = calibrate(list(sources), warmup=warmup)
-    out = write_calibration(result, out_path)
+    out = write_calibration(result, out_path, force=force)
     click.echo(f"wrote {out}", err=True)
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)

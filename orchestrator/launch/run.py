@@ -34,7 +34,7 @@ def launch_run_dir(run_dir: str | Path, *, backend: str | None = None, dry_run: 
     name = backend or run.spec.launch.backend
     module = backend_module(name)
     plan = module.build(run)
-    refusal = local_refusal(run) if name == "local" else None
+    refusal = (local_refusal(run) if name == "local" else None) or checkpoint_refusal(run)
     if dry_run:
         echo(plan.describe())
         if run.spec.program is not None:
@@ -44,7 +44,7 @@ def launch_run_dir(run_dir: str | Path, *, backend: str | None = None, dry_run: 
         return 0
     if refusal:
         raise refusal
-    trained = already_trained(run)
+    trained = already_trained(run, note) if run.spec.program is None else None   # a program keeps its own
     if trained:
         note(trained)
         return 0
@@ -133,17 +133,35 @@ def local_refusal(run: RunDir) -> SpecError | None:
                               "on this machine")])
 
 
-def already_trained(run: RunDir) -> str | None:
-    """A note when the run dir's newest checkpoint is its last step (launching again would train nothing)."""
-    from ..train.checkpoint import checkpoint_dir, latest_step  # noqa: PLC0415  (no torch at import)
+def checkpoint_refusal(run: RunDir) -> SpecError | None:
+    """Why the job could not keep its checkpoints where the spec says (None when it can): outside the run
+    dir, or where a file is in the way (found now, not at the first save)."""
+    from ..train.checkpoint import checkpoint_dir_problem  # noqa: PLC0415
 
-    ckpt = checkpoint_dir(run.path, run.spec)
-    step, total = latest_step(ckpt), run.spec.training.train_iters
+    problem = checkpoint_dir_problem(run.path, run.spec.training.checkpoint.dir)
+    return SpecError(problem) if problem else None
+
+
+def already_trained(run: RunDir, note: Callable[[str], None] = print) -> str | None:
+    """A note when the run dir's newest checkpoint that verifies (sizes and sha256 recorded when it was
+    written) is its last step: launching again would train nothing. Newer or final checkpoints that do
+    not verify are named through ``note``: the job falls back to the newest one that does."""
+    from ..train.checkpoint import checkpoint_dir, resume_choice, saved_steps, tag_for  # noqa: PLC0415  (no torch)
+
+    ckpt, total = checkpoint_dir(run.path, run.spec), run.spec.training.train_iters
+    if not saved_steps(ckpt) or saved_steps(ckpt)[0] < total:
+        return None                  # training is left either way: the job itself verifies what it loads
+    choice = resume_choice(ckpt)
+    for step, problem in choice.unusable:
+        note(f"warning: checkpoint {ckpt / tag_for(step)} is unusable ({problem}); the job will set it aside "
+             f"and resume from " + (f"{tag_for(choice.step)}" if choice.step is not None else "step 0 (no "
+                                    "checkpoint verifies)"))
+    step = choice.step
     if step is None or step < total:
         return None
-    return (f"{run.path} is already trained: its checkpoint {ckpt / f'global_step{step}'} is step {step} of "
-            f"{total}; nothing to launch. To train again from step 0, write a fresh run dir (`orch generate SPEC "
-            f"-o {run.path} --force`) or remove {ckpt}")
+    return (f"{run.path} is already trained: its checkpoint {ckpt / tag_for(step)} is step {step} of "
+            f"{total} and verifies; nothing to launch. To train again from step 0, write a fresh run dir (`orch "
+            f"generate SPEC -o {run.path} --force --discard-outputs`) or remove {ckpt}")
 
 
 def describe_program(run_dir: Path) -> str:

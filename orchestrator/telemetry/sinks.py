@@ -12,10 +12,12 @@ import dataclasses
 import json
 import math
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Protocol, TextIO
 
+from ..outfiles import NO_FOLLOW, replace_file
 from .record import MetricsRecord
 
 METRICS_FILE = "metrics.jsonl"
@@ -40,40 +42,82 @@ def record_dict(record: MetricsRecord) -> dict:
 class JsonlSink:
     """Appends records to metrics.jsonl. Starts on a fresh line (garbage or a torn line at the end of the
     file never swallows a record), and notices when the file is deleted or replaced under it: it re-creates
-    the file and says so, instead of writing on into an unlinked file that nobody will read."""
+    the file and says so, instead of writing on into an unlinked file that nobody will read. It never
+    writes through a symlink (the link is removed, its target left alone) and never opens a FIFO, device
+    or directory put there (records are then not written to the file until it is gone, and it says so)."""
 
     def __init__(self, path: str | Path, warn=None):
         self.path = Path(path)
         self._warn = warn or (lambda message: print(f"{PROGRESS_PREFIX} warning: {message}", file=sys.stderr,
                                                     flush=True))
-        self._open()
+        self._fd: int | None = None
+        self._inode = None
+        self._blocked = False
+        self._open(step=None)
 
-    def _open(self) -> None:
-        self._file = open(self.path, "ab")      # noqa: SIM115  (closed in close())
-        if self._file.tell() > 0:
-            with open(self.path, "rb") as f:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    self._file.write(b"\n")
-        self._inode = os.fstat(self._file.fileno()).st_ino
+    def _open(self, step: int | None) -> bool:
+        """Open the file for appending (re-creating it when needed); False when something that is not a
+        regular file is in the way."""
+        at = "" if step is None else f" at step {step}"
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            info = None
+        self._unlinked = info is not None and stat.S_ISLNK(info.st_mode)
+        if self._unlinked:
+            target = os.readlink(self.path)
+            os.unlink(self.path)          # the link only: what it points to is not ours to touch
+            self._warn(f"{self.path} was a symlink (to {target}): removed the link{at} and write a new file in "
+                       "its place; nothing was written through the link, its target is untouched")
+        elif info is not None and not stat.S_ISREG(info.st_mode):
+            if not self._blocked:
+                self._warn(f"{self.path} is not a regular file (something else was put there): not writing "
+                           f"records to it{at} until it is removed")
+            self._blocked = True
+            return False
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | NO_FOLLOW, 0o644)
+        except OSError as e:
+            if not self._blocked:
+                self._warn(f"cannot open {self.path} ({e.strerror}): not writing records to it{at}")
+            self._blocked = True
+            return False
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            self._blocked = True
+            return False
+        if info.st_size > 0 and os.pread(fd, 1, info.st_size - 1) != b"\n":
+            os.write(fd, b"\n")
+        self._fd, self._inode, self._blocked = fd, (info.st_dev, info.st_ino), False
+        return True
 
     def _still_ours(self) -> bool:
         try:
-            return os.stat(self.path).st_ino == self._inode
+            info = os.lstat(self.path)      # lstat: a symlink put in its place is not the file
         except FileNotFoundError:
             return False
+        return stat.S_ISREG(info.st_mode) and (info.st_dev, info.st_ino) == self._inode
 
     def write(self, record: MetricsRecord) -> None:
-        if not self._still_ours():
-            self._file.close()
-            self._open()
-            self._warn(f"{self.path} was deleted or replaced while the job ran: re-created it at step "
-                       f"{record.step}; the records before that step are not in it")
-        self._file.write((json.dumps(record_dict(record), separators=(",", ":")) + "\n").encode())
-        self._file.flush()
+        if self._fd is None or not self._still_ours():
+            replaced = self._fd is not None
+            if replaced:
+                os.close(self._fd)
+                self._fd = None
+            if not self._open(step=record.step):
+                return
+            if replaced and not self._unlinked:
+                self._warn(f"{self.path} was deleted or replaced while the job ran: re-created it at step "
+                           f"{record.step}; the records before that step are not in it")
+        data = (json.dumps(record_dict(record), separators=(",", ":")) + "\n").encode()
+        while data:
+            data = data[os.write(self._fd, data):]
 
     def close(self, *, exit_code: int = 0) -> None:
-        self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def parse_record(line: bytes | str) -> dict | None:
@@ -114,8 +158,8 @@ def truncate_metrics(path: str | Path, last_step: int) -> int:
     """Keep only the records of steps <= last_step, each step once (atomically); returns how many lines
     were dropped (records after the checkpoint, repeats, garbage)."""
     path = Path(path)
-    if not path.exists():
-        return 0
+    if path.is_symlink() or not path.is_file():
+        return 0                  # nothing of ours to keep: the sink replaces a link (and says so)
     lines = _lines(path)
     kept, seen = [], set()
     for record in map(parse_record, lines):
@@ -125,9 +169,7 @@ def truncate_metrics(path: str | Path, last_step: int) -> int:
             seen.add(step)
     dropped = len(lines) - len(kept)
     if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        replace_file(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
     return dropped
 
 

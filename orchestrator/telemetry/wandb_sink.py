@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import netrc
 import os
+import re
 import secrets
 import string
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
+from ..outfiles import read_regular_no_follow, replace_file
 from .record import MetricsRecord
 from .sinks import record_dict
 
@@ -154,12 +156,26 @@ class WandbSink:
         self.run.finish(exit_code=exit_code)
 
 
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")   # a W&B run id, and the name of its folder
+
+
 def _run_id(run_dir: Path) -> str:
+    """The run id kept in ``wandb_run_id`` (read only from a regular file, never through a link, and only
+    when it looks like a W&B run id), else a new one, written atomically (a link there is replaced)."""
     path = run_dir / RUN_ID_FILE
-    if path.is_file() and path.read_text().strip():
-        return path.read_text().strip()
+    data = read_regular_no_follow(path, 256)
+    text = data.decode("utf-8", "replace").strip() if data is not None else ""
+    if RUN_ID_PATTERN.fullmatch(text):
+        return text
     run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-    path.write_text(run_id + "\n")
+    if data is not None or os.path.lexists(path):
+        print(f"[orch-train] warning: {path} is not a regular file holding a W&B run id ([A-Za-z0-9_-], at most "
+              f"64 characters); starting a new W&B run {run_id} and replacing it", file=sys.stderr, flush=True)
+    try:
+        replace_file(path, run_id + "\n")
+    except OSError as e:      # e.g. a directory in the way: W&B still runs, a resumed job starts a new run
+        print(f"[orch-train] warning: cannot save the W&B run id in {path} ({e.strerror}): a resumed job will "
+              "start a new W&B run", file=sys.stderr, flush=True)
     return run_id
 
 

@@ -298,14 +298,15 @@ class MegatronEngine:
 
     def load(self, ckpt_dir: Path, step: int) -> int:
         path = self._state_file(ckpt_dir, step)
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        state = torch.load(path, map_location=self.device, weights_only=True)   # tensors and plain data only
+        checkpoint.checked_step(state.get("orch_step"), path.parent, step)
         for m, sd in zip(self.model, state["model"]):
             m.load_state_dict(sd)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.spec.parallelism.zero_stage == 1:
             self.optimizer.load_parameter_state(str(path.with_suffix(".optim_params.pt")))
         self.scheduler.load_state_dict(state["scheduler"])
-        return int(state["orch_step"])
+        return step
 
     def info(self) -> dict:
         sharded, replicated = sharded_param_count(self.model)

@@ -77,9 +77,9 @@ def check_world_size(spec) -> None:
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    from ..outfiles import replace_file  # noqa: PLC0415
+
+    replace_file(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def run(options: TrainOptions) -> int:

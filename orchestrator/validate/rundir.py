@@ -19,7 +19,25 @@ def validate_run_dir(path: Path, *, deep: bool = True, notes: list[str] | None =
     problems += _file_checks(run, deep=deep, notes=notes)
     from ..programs.check import program_run_dir_problems  # noqa: PLC0415
 
-    return problems + program_run_dir_problems(run, deep=deep, notes=notes)
+    problems += program_run_dir_problems(run, deep=deep, notes=notes)
+    return problems + (check_checkpoints(run) if run.spec.program is None else [])   # a program's own checkpoints are its own
+
+
+def check_checkpoints(run: RunDir) -> list[Problem]:
+    """Every saved checkpoint holds exactly the files the run wrote, with the sizes and sha256 recorded
+    when they were written (what the trainer checks before it loads one); the checkpoint dir stays
+    inside the run dir."""
+    from ..train.checkpoint import checkpoint_dir_problem, saved_steps, step_problem, tag_for  # noqa: PLC0415
+
+    problem = checkpoint_dir_problem(run.path, run.spec.training.checkpoint.dir)
+    if problem:
+        return [problem]
+    ckpt = run.path / run.spec.training.checkpoint.dir
+    fallback = "a resumed job sets it aside and falls back to an older checkpoint; delete it if you do not " \
+               "need it for inspection"
+    problems = [(step, step_problem(ckpt, step)) for step in saved_steps(ckpt)]
+    return [Problem(str(ckpt / tag_for(step)), f"checkpoint does not verify: {why}", fallback)
+            for step, why in problems if why]
 
 
 def check_manifest(run: RunDir) -> list[Problem]:

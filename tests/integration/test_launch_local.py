@@ -13,6 +13,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.integration.launch_support import HOSTILE, no_pwned
 from tests.integration.train_support import job_env, make_run_dir
 from tests.deadlines import scaled_s
 
@@ -29,7 +30,9 @@ def orch(*argv, env=None, timeout=300) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def run_dir(tmp_path) -> Path:
-    return make_run_dir(tmp_path / "run", **{"training.train_iters": STEPS, "training.checkpoint.interval": 3})
+    """At a path with a space, quotes and shell syntax (launch_support.HOSTILE): the launch script and
+    everything after it must pass it on as one word and never run it."""
+    return make_run_dir(tmp_path / HOSTILE, **{"training.train_iters": STEPS, "training.checkpoint.interval": 3})
 
 
 @pytest.fixture
@@ -83,6 +86,9 @@ def test_wait_streams_one_line_per_step_and_completes(run_dir):
     assert steps == list(range(1, STEPS + 1))
     status = orch("status", run_dir, "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["state"] == "COMPLETED"
+    # The trainer got the run dir as one word: its checkpoints and metrics are in it, and nothing ran.
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("global_step*")) == ["global_step3", "global_step6"]
+    assert not no_pwned(run_dir.parent) and [p.name for p in run_dir.parent.iterdir()] == [HOSTILE]
 
 
 def test_failing_rank_fails_the_launch_with_its_rank_and_log(run_dir):

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +115,15 @@ def test_fault_plus_corrupt_newest_checkpoint_plus_garbage_metrics_resumes_exact
         assert records[step - 1]["loss"] == first[step]
     assert checkpoint.resume_choice(ckpt).step == 6 and checkpoint.latest_step(ckpt) == 6
     assert [p.name.split(".")[0] for p in ckpt.glob("global_step4.unusable-*")] == ["global_step4"]
+
+    # The final checkpoint is overwritten (same size): `orch launch` must not call the run trained; the
+    # job falls back to step 4 and trains steps 5 and 6 again.
+    shard = sorted((ckpt / "global_step6").glob("*model_states.pt"))[0]
+    shard.write_bytes(b"\0" * shard.stat().st_size)
+    relaunch = subprocess.run([str(Path(sys.executable).parent / "orch"), "launch", str(run_dir), "--wait"],
+                              capture_output=True, text=True, timeout=300, env=job_env())
+    assert relaunch.returncode == 0, relaunch.stderr[-3000:]
+    assert "already trained" not in relaunch.stderr and "global_step6 is unusable" in relaunch.stderr
+    assert "resume from global_step4" in relaunch.stderr
+    assert [r["step"] for r in load_metrics(run_dir)] == list(range(1, 7))
+    assert checkpoint.resume_choice(ckpt).step == 6

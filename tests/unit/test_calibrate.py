@@ -113,7 +113,7 @@ def test_cli_calibrate_writes_and_prints(runs, tmp_path, capsys):
     assert code == 0, err
     assert out_path.is_file() and f"wrote {out_path}" in err
     assert "fitted cost-model terms" in out and "intra_node_efficiency" in out and "calibrated" in out
-    code, out, _ = run_cli(["calibrate", *map(str, runs.values()), "-o", str(out_path), "--json"], capsys)
+    code, out, _ = run_cli(["calibrate", *map(str, runs.values()), "-o", str(out_path), "--json", "--force"], capsys)
     assert json.loads(out) == json.loads(out_path.read_text())
 
 

@@ -84,11 +84,12 @@ def test_nothing_intact_starts_over_and_unusable_dirs_are_set_aside_not_deleted(
     assert checkpoint.saved_steps(ckpt) == [8, 4]
 
 
-def test_a_checkpoint_from_before_manifests_is_trusted_only_where_latest_points(tmp_path):
+def test_a_checkpoint_without_a_manifest_is_never_loaded_even_where_latest_points(tmp_path):
     ckpt = tmp_path / "c"
-    _save(ckpt, 4, manifest=False)
-    _save(ckpt, 8, manifest=False, latest=False)  # no manifest and not named by latest: killed mid-save
-    assert checkpoint.resume_choice(ckpt).step == 4
+    _save(ckpt, 4)
+    _save(ckpt, 8, manifest=False)                # latest names it, but nothing vouches for its files
+    choice = checkpoint.resume_choice(ckpt)
+    assert choice.step == 4 and "no orch_checkpoint.json" in choice.unusable[0][1]
 
 
 def test_a_manifest_whose_files_is_not_a_mapping_is_unreadable_even_under_python_O(ckpt):

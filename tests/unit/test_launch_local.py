@@ -63,7 +63,11 @@ def test_status_of_a_never_launched_run_dir_exits_2(tmp_path):
 
 def test_relaunching_a_trained_run_says_so_and_how_to_train_again(tmp_path):
     run = run_dir(tmp_path)                         # train_iters 10; checkpoint of step 10 is the last step
+    from orchestrator.train import checkpoint
+
     (run / "checkpoints" / "global_step10").mkdir(parents=True)
+    (run / "checkpoints" / "global_step10" / "state.bin").write_bytes(b"weights")
+    assert checkpoint.write_manifest(run / "checkpoints", 10) is None     # verified when written
     (run / "checkpoints" / "latest").write_text("global_step10")
     proc = orch("launch", run, "--wait")
     assert proc.returncode == 0
