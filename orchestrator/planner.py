@@ -38,10 +38,11 @@ from .estimate.cost import CostModel
 from .estimate.params import active_layer_matrix_params
 from .estimate.plausibility import mfu_warnings
 from .estimate.precision import FP8_RECIPE
-from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
+from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, for_layout, step_timing
 from .estimate.uncertainty import plus_minus
 from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
 from .parallel_rules import rule_fp8_dims, rule_fp8_engine_gpu
+from .recompute_rules import module_problem
 from .spec import ParallelismSpec, Spec
 from .stages import accounted_split, balanced_split, split_issues, stage_split
 
@@ -164,6 +165,7 @@ def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list
 
 
 def _score(ctx: EstimateContext, lay: Layout) -> _Scored:
+    ctx = for_layout(ctx, lay)
     mem = estimate_memory(ctx, lay)
     overflow = max(mem.total_bytes / mem.capacity_bytes, mem.host_bytes / mem.host_capacity_bytes)
     return _Scored(step_timing(ctx, lay).step_time_s, mem.total_bytes, mem.fits, mem.within_headroom, lay, overflow)
@@ -267,14 +269,39 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
     tp, pp, dp = d["tp"], d["pp"], d["dp"]
     for vpp, split, account in _split_variants(spec, fixed, pp, num_mb):
         for sp in _opt(fixed.sequence_parallel, _sp_options(spec, tp)):
-            recomputes = [r for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
-            for rec in _opt(fixed.recompute, recomputes):
+            for rec, modules in _recompute_options(spec, fixed):
                 for zero in _opt(fixed.zero_stage, _zero_options(pp, dp)):
                     for off in _opt(fixed.offload, _offload_options(pp, zero, spec.cluster.gpu)):
                         yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
                                      sequence_parallel=sp, recompute=rec, offload=off,
                                      first_stage_layers=split[0], last_stage_layers=split[1],
-                                     cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account)
+                                     cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account,
+                                     recompute_modules=modules)
+
+
+# Megatron recompute-module sets the planner tries for a MoE model when recompute is open (what long-context
+# MoE runs use: the MoE block or the experts' activation, with the pre-MLP norm); the first that Megatron
+# accepts for the spec (recompute_rules.module_problem) of each, FP8 falling back to the MoE block alone.
+MOE_MODULE_SETS = ((("layernorm", "moe"), ("moe",)), (("layernorm", "moe_act"),))
+
+
+def _recompute_options(spec: Spec, fixed: Layout) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
+    """(recompute, modules) pairs: the spec's when fixed; none / selective / full (selective skipped with flash
+    attention: it equals none there), and with engine megatron on a MoE model the module sets of
+    :data:`MOE_MODULE_SETS` as selective recomputes."""
+    p = spec.parallelism
+    if fixed.recompute is not None:
+        return ((fixed.recompute, fixed.recompute_modules),)
+    if fixed.recompute_modules is not None:
+        return (("selective", fixed.recompute_modules),)
+    if p.recompute_method is not None or p.recompute_num_layers is not None:
+        return (("full", None),)
+    options = [(r, None) for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
+    if spec.model.moe is not None and engine_of(spec) == "megatron":
+        for choices in MOE_MODULE_SETS:
+            usable = [c for c in choices if not any(module_problem(spec, m) for m in c)]
+            options += [("selective", usable[0])] if usable else []
+    return tuple(options)
 
 
 def _sp_options(spec: Spec, tp: int) -> list[bool]:
@@ -366,7 +393,8 @@ def describe(est: LayoutEstimate) -> str:
                                                               ("last", lay.last_stage_layers)) if count is not None]
     extras = [f"v{lay.vpp}" if lay.vpp > 1 else "", *split, "embedding+loss in split" if lay.account_split else "",
               "sp" if lay.sequence_parallel else "",
-              f"recompute={lay.recompute}", f"offload={lay.offload}" if lay.offload != "none" else ""]
+              f"recompute={lay.recompute}" + (f" [{' '.join(lay.recompute_modules)}]" if lay.recompute_modules else ""),
+              f"offload={lay.offload}" if lay.offload != "none" else ""]
     return f"{lay.tag()} ({', '.join(e for e in extras if e)})"
 
 

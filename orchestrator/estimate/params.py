@@ -54,11 +54,14 @@ class ModelShape:
     bias: bool = True
     kv_channels: int | None = None      # head dimension when it is not hidden / heads (Qwen3)
     moe: MoEShape | None = None
-    # Hidden and attention dropout probability. orch trains without dropout (render/megatron.py writes
-    # --attention-dropout 0 --hidden-dropout 0; the reference trainer has none), so a spec's shape says 0; a
-    # published run states its own (orchestrator/published.py case_dropout). With 0 no mask is stored and no
-    # dropout kernel runs (estimate/activations.py, estimate/compute.py).
+    # Hidden dropout probability (model.hidden_dropout: the embedding's and the two bias-dropout-adds' masks)
+    # and attention dropout (model.attention_dropout: the unfused attention's probabilities; None = the same
+    # as ``dropout``). orch trains without dropout by default (render/megatron.py writes the spec's values,
+    # 0 unless set; the reference trainer has none); a published run states its own (orchestrator/published.py
+    # case_dropout, both alike). With 0 no mask is stored and no dropout kernel runs (estimate/activations.py,
+    # estimate/compute.py). A fused (flash) attention regenerates its mask in the backward: nothing stored.
     dropout: float = 0.0
+    attention_dropout: float | None = None
     # The cross-entropy implementation the run's loss goes through (estimate/activations.py LOSS_IMPLS: what it
     # keeps of the logits for the backward; estimate/compute.py head_time_s: its memory traffic). orch's
     # Megatron runs: Megatron-Core's vocab-parallel cross entropy; orch's DeepSpeed runs: the reference
@@ -77,6 +80,13 @@ class ModelShape:
     fused_rope: bool = True
     glu_clamp: float | None = None
     recompute_modules: tuple[str, ...] = ()
+    # A spec's parallelism.recompute_modules (estimate/recompute.py): ``recompute_modules`` holds its modules
+    # but core_attn; ``recompute_core_attn`` False when a selective recompute leaves core attention out.
+    # ``recompute_method`` / ``recompute_num_layers``: which layers a full recompute recomputes (Megatron's
+    # --recompute-method / --recompute-num-layers; orch's default uniform, 1: every layer, one at a time).
+    recompute_core_attn: bool = True
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
     # A benchmark run that forced balanced routing (Megatron's --moe-router-force-load-balancing: random router
     # logits), which a published run states (estimate/moe.py random_routing_imbalance); orch's runs train their
     # router.
@@ -87,6 +97,11 @@ class ModelShape:
     # torchtitan's eager RMSNorm (norm_type "rmsnorm") rather than a fused kernel.
     layer_impl: str = "megatron_core"
     eager_norm: bool = False
+
+    @property
+    def attention_dropout_p(self) -> float:
+        """The attention probabilities' dropout (``attention_dropout``, else ``dropout``)."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
 
     @property
     def head_dim(self) -> int:
@@ -123,7 +138,23 @@ def model_shape(spec: Spec) -> ModelShape:
         moe=None if m.moe is None else MoEShape(
             num_experts=m.moe.num_experts, router_topk=m.moe.router_topk, expert_ffn=m.moe.ffn_hidden_size,
             shared_ffn=m.moe.shared_expert_ffn_hidden_size, first_dense_layers=m.moe.first_dense_layers,
-            capacity_factor=m.moe.capacity_factor))
+            capacity_factor=m.moe.capacity_factor),
+        dropout=float(m.hidden_dropout or 0.0), attention_dropout=float(m.attention_dropout or 0.0),
+        **_recompute_fields(spec))
+
+
+def _recompute_fields(spec: Spec) -> dict:
+    """The spec's recompute modules / method / layer count as ModelShape fields (defaults when unset)."""
+    p = spec.parallelism
+    fields: dict = {}
+    if p.recompute_modules:
+        fields["recompute_modules"] = tuple(sorted(set(p.recompute_modules) - {"core_attn"}))
+        fields["recompute_core_attn"] = "core_attn" in p.recompute_modules
+    if p.recompute_method:
+        fields["recompute_method"] = p.recompute_method
+    if p.recompute_num_layers:
+        fields["recompute_num_layers"] = p.recompute_num_layers
+    return fields
 
 
 @dataclass(frozen=True)

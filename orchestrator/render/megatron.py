@@ -22,16 +22,17 @@ How the layout maps onto Megatron-LM:
 * offload "optimizer" -> ``--optimizer-cpu-offload --use-precision-aware-optimizer`` (the hybrid
   CPU/GPU optimizer; Adam only). Megatron-LM core_v0.16.1 has no flag that offloads parameters, so
   "optimizer+params" renders the optimizer part only and :func:`render_megatron_notes` says so.
-* recompute selective -> ``--recompute-granularity selective``; full -> ``full`` with
-  ``--recompute-method uniform --recompute-num-layers 1`` (each layer's input kept, 2sbh per layer).
+* recompute selective -> ``--recompute-granularity selective`` (+ ``--recompute-modules`` from
+  ``parallelism.recompute_modules``); full -> ``full`` with ``--recompute-method`` and
+  ``--recompute-num-layers`` from the spec (default uniform, 1: each layer's input kept, 2sbh per layer).
 * synthetic data -> ``--mock-data`` with ``NullTokenizer``. Megatron's null tokenizer appends an EOD id
   (vocab = --vocab-size + 1), so ``--vocab-size`` is the spec's vocab_size - 1: the model's vocabulary is
   then exactly vocab_size, padded to a multiple of 128 * tp as :func:`orchestrator.layout.padded_vocab_size`
   predicts. A dataset path -> ``--data-path`` with the spec's tokenizer (HuggingFace) or, without one,
   the same null tokenizer (pre-tokenized ids < vocab_size).
 * MoE, context parallelism, FP8 and kv_channels: :mod:`orchestrator.render.megatron_moe`.
-* The spec has no dropout field: orch trains without dropout (``--attention-dropout 0 --hidden-dropout 0``),
-  and the cost model prices it so (``ModelShape.dropout`` 0: no masks, no dropout kernels).
+* dropout: ``model.hidden_dropout`` / ``model.attention_dropout`` (default 0: orch trains without dropout,
+  ``--attention-dropout 0.0 --hidden-dropout 0.0``); the cost model prices them (``ModelShape.dropout``).
 
 ``megatron_config.json`` holds ``TransformerConfig`` (+ ``ModelParallelConfig``) keyword arguments. JSON
 cannot hold torch objects, so the few fields that need one (``OBJECT_FIELDS``: dtypes, the activation
@@ -124,10 +125,10 @@ def _offloads_optimizer(plan: Plan) -> bool:
 
 
 def _recompute_args(plan: Plan) -> list[str]:
-    if plan.layout.recompute == "selective":
-        return ["--recompute-granularity", "selective"]
-    if plan.layout.recompute == "full":
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    tokens: list[str] = []
+    for key, value in _recompute_config(plan).items():
+        tokens += [f"--{key.replace('_', '-')}", *(value if isinstance(value, list) else [str(value)])]
+    return tokens
     return []
 
 
@@ -147,7 +148,8 @@ def _model_args(plan: Plan) -> list[str]:
         args.append("--untie-embeddings-and-output-weights")
     if not m.add_bias_linear:
         args.append("--disable-bias-linear")
-    args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--attention-backend", _attention_backend(plan)]
+    args += ["--attention-dropout", str(float(m.attention_dropout or 0.0)),
+             "--hidden-dropout", str(float(m.hidden_dropout or 0.0)), "--attention-backend", _attention_backend(plan)]
     return args
 
 
@@ -293,8 +295,8 @@ def render_megatron_config(plan: Plan) -> dict:
         "activation_func": "torch.nn.functional.silu" if m.gated_mlp else "torch.nn.functional.gelu",
         "normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
         "add_bias_linear": m.add_bias_linear,
-        "hidden_dropout": 0.0,
-        "attention_dropout": 0.0,
+        "hidden_dropout": float(m.hidden_dropout or 0.0),
+        "attention_dropout": float(m.attention_dropout or 0.0),
         "attention_backend": _ATTENTION_BACKEND + _attention_backend(plan),
         "bf16": t.precision in ("bf16", "fp8"),
         "fp16": t.precision == "fp16",
@@ -318,8 +320,12 @@ def _split_config(plan: Plan) -> dict:
 
 
 def _recompute_config(plan: Plan) -> dict:
+    """TransformerConfig's recompute fields (in the order --recompute-* flags are written)."""
+    p = plan.spec.parallelism
     if plan.layout.recompute == "selective":
-        return {"recompute_granularity": "selective"}
+        modules = {"recompute_modules": list(p.recompute_modules)} if p.recompute_modules else {}
+        return {"recompute_granularity": "selective"} | modules
     if plan.layout.recompute == "full":
-        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+        return {"recompute_granularity": "full", "recompute_method": p.recompute_method or "uniform",
+                "recompute_num_layers": p.recompute_num_layers or 1}
     return {}
