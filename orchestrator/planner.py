@@ -96,7 +96,7 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
     ctx = EstimateContext.of(spec, cost, engine_version, ep_a2a_overlap, fp8_recipe, distribute_saved_activations,
                              dropout, loss, shape_fields)
     rejected: list[Problem] = []
-    scored = [_score(ctx, lay) for lay in enumerate_layouts(spec, rejected)]
+    scored = list(_scored_layouts(ctx, enumerate_layouts(spec, rejected)))
     if not scored:
         example = f"; e.g. {rejected[0]}" if rejected else ""
         raise SpecError(Problem("parallelism", "no layout satisfies the rules with the fixed fields "
@@ -112,6 +112,20 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
                + warnings)
     return SearchResult(chosen=ranked[0], candidates=ranked, num_considered=len(scored),
                         num_fitting=len(fitting), reasons=reasons, warnings=warnings)
+
+
+def _scored_layouts(ctx: EstimateContext, layouts: Iterator[Layout]) -> Iterator[_Scored]:
+    """Each layout scored, but a module-recompute candidate whose layout already fits within the headroom
+    without recompute (enumerated before it): recomputing only adds time there."""
+    fit_plain: set[Layout] = set()
+    for lay in layouts:
+        if lay.recompute_modules is not None and lay.recompute != "none" and \
+                dataclasses.replace(lay, recompute="none", recompute_modules=None) in fit_plain:
+            continue
+        scored = _score(ctx, lay)
+        if lay.recompute == "none" and scored.within_headroom:
+            fit_plain.add(lay)
+        yield scored
 
 
 def _fastest_first(scored) -> list[_Scored]:
