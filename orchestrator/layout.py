@@ -93,7 +93,7 @@ FIELD_PATHS = {"tp": f"{P}.tensor", "pp": f"{P}.pipeline", "vpp": f"{P}.virtual_
                "offload": f"{P}.offload", "first_stage_layers": f"{P}.first_stage_layers",
                "last_stage_layers": f"{P}.last_stage_layers", "cp": f"{P}.context", "ep": f"{P}.expert",
                "etp": f"{P}.expert_tensor",
-               "account_split": f"{P}.account_for_embedding_loss"}
+               "account_split": f"{P}.account_for_embedding_loss", "recompute_modules": f"{P}.recompute_modules"}
 
 
 def layout_from_spec(spec: Spec) -> Layout:
