@@ -314,7 +314,7 @@ def _adjusted_activations(acts: ActivationsEstimate, shape: ModelShape, key: Lay
     if precision == "fp8":
         rs = rank_shape(shape, key.cp)
         extra -= fp8_saved_activation_bytes(rs, key.tp, key.sp, key.mb, key.recompute, dtype_bytes)
-        if shape.moe is not None and key.recompute != "full":
+        if shape.moe is not None and key.recompute != "full" and "moe" not in shape.recompute_modules:
             work = expert_work(shape, key.tp, key.cp, key.ep, key.etp, key.mb)
             extra -= shape.num_moe_layers / shape.num_layers * fp8_saved_moe_mlp_bytes(
                 work.routed_rows, shape.hidden_size, shape.moe.expert_ffn / key.etp, rs.seq_length * key.mb,
