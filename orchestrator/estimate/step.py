@@ -353,7 +353,7 @@ def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
     params = params_of(ctx, lay)
     memory = estimate_memory(ctx, lay, params, stage_totals=True)
     timing = step_timing(ctx, lay, params)
-    flops = estimate_flops(shape, ctx.global_batch, lay.recompute)
+    flops = estimate_flops(shape, ctx.global_batch, lay.recompute, full_recompute_share(shape, lay))
     step = timing.step_time_s
     world = hw.world_size
     tflops = flops.model_flops / (step * world) / 1e12

@@ -232,3 +232,15 @@ def test_planner_tries_moe_module_sets_where_megatron_accepts_them():
     assert all(m is None for _, m in _recompute_options(dense, layout_from_spec(dense)))
     assert any(lay.recompute_modules == ("layernorm", "moe") for lay in enumerate_layouts(spec))
     assert Layout().recompute_modules is None and "recompute_modules" not in Layout(tp=1).open_fields()
+
+
+def test_hardware_flops_count_the_recomputed_modules():
+    from orchestrator.estimate.flops import estimate_flops
+
+    s, h, f, fs, E, k = 2048, 1024, 2048, 1024, 8, 2
+    plain = estimate_flops(dataclasses.replace(MOE, recompute_core_attn=False), 4, "selective")
+    moe = estimate_flops(dataclasses.replace(MOE, recompute_modules=("moe",), recompute_core_attn=False), 4, "selective")
+    block = 2 * s * (h * E + k * 3 * h * f + 3 * h * fs)     # router, top-k SwiGLU experts, shared expert
+    assert plain.hardware_flops == plain.model_flops
+    assert moe.hardware_flops - moe.model_flops == pytest.approx(3 * block * 4)   # 3 MoE layers of 4, 4 sequences
+    assert moe.model_flops == plain.model_flops
