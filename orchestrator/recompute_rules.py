@@ -1,14 +1,8 @@
 """Rules for per-module recompute, the full-recompute method and dropout (docs/recompute-dropout.md).
 
 Same contract as :mod:`orchestrator.layout` (operands in the message, a fix in the hint, open fields pass).
-What Megatron-LM core_v0.16.1 refuses or ignores (transformer_config.py ``__post_init__``, arguments.py
-``validate_args``, transformer_layer.py): modules only with recompute granularity selective, method and layer
-count only with full; moe_act only with --moe-grouped-gemm (which orch writes on GPUs), not with FP8's delayed
-scaling (orch's recipe), nor layernorm; mla_up_proj only with multi-latent attention (orch's models have
-none); moe / moe_act / shared_experts need MoE layers (and shared experts), mlp a dense layer, layernorm a
-norm that is a module of its own (in the Transformer Engine layer orch writes on GPUs only the MoE layers'
-pre-MLP norm is: the others are fused into the next linear). orch's reference trainer (engine deepspeed) has
-neither dropout nor per-module recompute.
+They follow what Megatron-LM core_v0.16.1 refuses or ignores (transformer_config.py, transformer_layer.py);
+orch's reference trainer (engine deepspeed) has neither dropout nor per-module recompute.
 """
 from __future__ import annotations
 
@@ -108,4 +102,5 @@ SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_recompute_eng
 LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
     rule_modules_need_selective, rule_method_needs_full, rule_recompute_num_layers]
 
+# Last, as parallel_rules.py does: layout.py extends its rule lists from this module at its own end.
 from .layout import Layout, _known, engine_of  # noqa: E402

@@ -1,21 +1,9 @@
-"""What Megatron's per-module recompute (``ModelShape.recompute_modules``) no longer stores.
+"""What Megatron's per-module recompute (``ModelShape.recompute_modules``) no longer stores, per layer.
 
-Per layer of each kind, one micro-batch, one rank, in Korthikanti et al. 2022's accounting (activations.py:
-x = e*s*b*h, divided by t with sequence parallelism, f the MLP width, r the rank's routed rows), from
-Megatron-Core core_v0.16.1 (transformer_layer.py, mlp.py, moe/moe_layer.py, moe/experts.py):
-  layernorm       the norm outputs of the norms that are modules of their own (output-discarding checkpoint):
-                  in the Transformer Engine layer orch writes on GPUs, the MoE layers' pre-MLP norm (x); the
-                  input norm and a dense layer's norms are fused into the next linear (nothing). With the
-                  local layer (CPU) both norms of every layer (2x).
-  moe_act         the experts' activation output, fc2's input: e*r*f_e/etp (output-discarding).
-  shared_experts  the shared experts' MLP activations: e*s*b*(2 or 3)*f_s/t (normal checkpoint: its input is
-                  the pre-MLP norm output, kept).
-  moe             the whole MoE block: its permuted tokens and experts' activations, e*r*(h + (2|3)*f_e/etp),
-                  and the shared experts'; subsumes moe_act and shared_experts.
-  mlp             a dense layer's MLP: e*s*b*(2|3)*f/t, and with the TE layer the fused norm's output (fc1's
-                  input, x) that the checkpoint's input replaces.
-  core_attn       the s^2 attention terms (activations.py, ``recompute_core_attn``).
-The backward recomputes one module at a time: the transient is the largest recomputed module's activations.
+Korthikanti et al. 2022's accounting (activations.py) applied to what Megatron-Core core_v0.16.1 checkpoints
+for each module (transformer_layer.py, mlp.py, moe/): layernorm the norm outputs of norms that are modules of
+their own, moe_act the experts' activation output, shared_experts / mlp / moe those blocks' activations; the
+largest recomputed module is the transient. Table and derivation: docs/recompute-dropout.md.
 """
 from __future__ import annotations
 

@@ -129,7 +129,6 @@ def _recompute_args(plan: Plan) -> list[str]:
     for key, value in _recompute_config(plan).items():
         tokens += [f"--{key.replace('_', '-')}", *(value if isinstance(value, list) else [str(value)])]
     return tokens
-    return []
 
 
 def _model_args(plan: Plan) -> list[str]:
