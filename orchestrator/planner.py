@@ -38,13 +38,14 @@ from .estimate.cost import CostModel
 from .estimate.params import active_layer_matrix_params
 from .estimate.plausibility import mfu_warnings
 from .estimate.precision import FP8_RECIPE
-from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, for_layout, step_timing
+from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
 from .estimate.uncertainty import plus_minus
 from .layout import FIELD_PATHS, Layout, check_layout, engine_of, layout_from_spec
 from .parallel_rules import rule_fp8_dims, rule_fp8_engine_gpu
-from .recompute_rules import module_problem
 from .spec import ParallelismSpec, Spec
 from .stages import accounted_split, balanced_split, split_issues, stage_split
+from .estimate.step import for_layout  # noqa: I001  (own line: keeps the merge with main's imports simple)
+from .recompute_rules import module_problem
 
 GiB = 2**30
 RECOMPUTE = ("none", "selective", "full")
@@ -114,20 +115,6 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
                         num_fitting=len(fitting), reasons=reasons, warnings=warnings)
 
 
-def _scored_layouts(ctx: EstimateContext, layouts: Iterator[Layout]) -> Iterator[_Scored]:
-    """Each layout scored, but a module-recompute candidate whose layout already fits within the headroom
-    without recompute (enumerated before it): recomputing only adds time there."""
-    fit_plain: set[Layout] = set()
-    for lay in layouts:
-        if lay.recompute_modules is not None and lay.recompute != "none" and \
-                dataclasses.replace(lay, recompute="none", recompute_modules=None) in fit_plain:
-            continue
-        scored = _score(ctx, lay)
-        if lay.recompute == "none" and scored.within_headroom:
-            fit_plain.add(lay)
-        yield scored
-
-
 def _fastest_first(scored) -> list[_Scored]:
     return sorted(scored, key=lambda s: (s.step_time_s, s.total_bytes))
 
@@ -183,6 +170,20 @@ def _score(ctx: EstimateContext, lay: Layout) -> _Scored:
     mem = estimate_memory(ctx, lay)
     overflow = max(mem.total_bytes / mem.capacity_bytes, mem.host_bytes / mem.host_capacity_bytes)
     return _Scored(step_timing(ctx, lay).step_time_s, mem.total_bytes, mem.fits, mem.within_headroom, lay, overflow)
+
+
+def _scored_layouts(ctx: EstimateContext, layouts: Iterator[Layout]) -> Iterator[_Scored]:
+    """Each layout scored, but a module-recompute candidate whose layout already fits within the headroom
+    without recompute (enumerated before it): recomputing only adds time there."""
+    fit_plain: set[Layout] = set()
+    for lay in layouts:
+        if lay.recompute_modules is not None and lay.recompute != "none" and \
+                dataclasses.replace(lay, recompute="none", recompute_modules=None) in fit_plain:
+            continue
+        scored = _score(ctx, lay)
+        if lay.recompute == "none" and scored.within_headroom:
+            fit_plain.add(lay)
+        yield scored
 
 
 # --- enumeration ----------------------------------------------------------------------------------

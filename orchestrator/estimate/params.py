@@ -54,13 +54,14 @@ class ModelShape:
     bias: bool = True
     kv_channels: int | None = None      # head dimension when it is not hidden / heads (Qwen3)
     moe: MoEShape | None = None
-    # Hidden dropout probability (model.hidden_dropout: the embedding's and the two bias-dropout-adds' masks)
-    # and attention dropout (model.attention_dropout: the unfused attention's probabilities; None = the same
-    # as ``dropout``). orch trains without dropout by default (render/megatron.py writes the spec's values,
-    # 0 unless set; the reference trainer has none); a published run states its own (orchestrator/published.py
-    # case_dropout, both alike). With 0 no mask is stored and no dropout kernel runs (estimate/activations.py,
-    # estimate/compute.py). A fused (flash) attention regenerates its mask in the backward: nothing stored.
+    # Hidden and attention dropout probability. orch trains without dropout (render/megatron.py writes
+    # --attention-dropout 0 --hidden-dropout 0; the reference trainer has none), so a spec's shape says 0; a
+    # published run states its own (orchestrator/published.py case_dropout). With 0 no mask is stored and no
+    # dropout kernel runs (estimate/activations.py, estimate/compute.py).
     dropout: float = 0.0
+    # model.hidden_dropout sets ``dropout``; ``attention_dropout`` is model.attention_dropout where it differs
+    # (the unfused attention's probabilities; None: the same as ``dropout``). A fused (flash) attention
+    # regenerates its mask in the backward and stores none (docs/recompute-dropout.md).
     attention_dropout: float | None = None
     # The cross-entropy implementation the run's loss goes through (estimate/activations.py LOSS_IMPLS: what it
     # keeps of the logits for the backward; estimate/compute.py head_time_s: its memory traffic). orch's
@@ -139,8 +140,14 @@ def model_shape(spec: Spec) -> ModelShape:
             num_experts=m.moe.num_experts, router_topk=m.moe.router_topk, expert_ffn=m.moe.ffn_hidden_size,
             shared_ffn=m.moe.shared_expert_ffn_hidden_size, first_dense_layers=m.moe.first_dense_layers,
             capacity_factor=m.moe.capacity_factor),
-        dropout=float(m.hidden_dropout or 0.0), attention_dropout=float(m.attention_dropout or 0.0),
-        **_recompute_fields(spec))
+        **_dropout_fields(spec), **_recompute_fields(spec))
+
+
+def _dropout_fields(spec: Spec) -> dict:
+    """model.hidden_dropout as ``dropout``; model.attention_dropout as ``attention_dropout`` where it differs
+    (None: it follows ``dropout``, also when a published run's context sets that: step.py EstimateContext.of)."""
+    hidden, attention = float(spec.model.hidden_dropout or 0.0), float(spec.model.attention_dropout or 0.0)
+    return {"dropout": hidden, "attention_dropout": None if attention == hidden else attention}
 
 
 def _recompute_fields(spec: Spec) -> dict:

@@ -86,7 +86,7 @@ class EstimateContext:
         host_GiB = c.host_memory_GiB or default_host_memory_GiB(c.gpu, c.gpus_per_node)
         shape = model_shape(spec)
         if dropout:
-            shape = dataclasses.replace(shape, dropout=dropout, attention_dropout=dropout)
+            shape = dataclasses.replace(shape, dropout=dropout)
         shape = dataclasses.replace(shape, loss=loss or default_loss(engine_of(spec)),
                                     **(shape_fields or {}))
         return cls(shape=shape, hw=hardware_for(spec, cost), cost=cost,

@@ -22,17 +22,16 @@ How the layout maps onto Megatron-LM:
 * offload "optimizer" -> ``--optimizer-cpu-offload --use-precision-aware-optimizer`` (the hybrid
   CPU/GPU optimizer; Adam only). Megatron-LM core_v0.16.1 has no flag that offloads parameters, so
   "optimizer+params" renders the optimizer part only and :func:`render_megatron_notes` says so.
-* recompute selective -> ``--recompute-granularity selective`` (+ ``--recompute-modules`` from
-  ``parallelism.recompute_modules``); full -> ``full`` with ``--recompute-method`` and
-  ``--recompute-num-layers`` from the spec (default uniform, 1: each layer's input kept, 2sbh per layer).
+* recompute selective -> ``--recompute-granularity selective``; full -> ``full`` with
+  ``--recompute-method uniform --recompute-num-layers 1`` (each layer's input kept, 2sbh per layer).
 * synthetic data -> ``--mock-data`` with ``NullTokenizer``. Megatron's null tokenizer appends an EOD id
   (vocab = --vocab-size + 1), so ``--vocab-size`` is the spec's vocab_size - 1: the model's vocabulary is
   then exactly vocab_size, padded to a multiple of 128 * tp as :func:`orchestrator.layout.padded_vocab_size`
   predicts. A dataset path -> ``--data-path`` with the spec's tokenizer (HuggingFace) or, without one,
   the same null tokenizer (pre-tokenized ids < vocab_size).
 * MoE, context parallelism, FP8 and kv_channels: :mod:`orchestrator.render.megatron_moe`.
-* dropout: ``model.hidden_dropout`` / ``model.attention_dropout`` (default 0: orch trains without dropout,
-  ``--attention-dropout 0.0 --hidden-dropout 0.0``); the cost model prices them (``ModelShape.dropout``).
+* The spec has no dropout field: orch trains without dropout (``--attention-dropout 0 --hidden-dropout 0``),
+  and the cost model prices it so (``ModelShape.dropout`` 0: no masks, no dropout kernels).
 
 ``megatron_config.json`` holds ``TransformerConfig`` (+ ``ModelParallelConfig``) keyword arguments. JSON
 cannot hold torch objects, so the few fields that need one (``OBJECT_FIELDS``: dtypes, the activation
@@ -125,6 +124,8 @@ def _offloads_optimizer(plan: Plan) -> bool:
 
 
 def _recompute_args(plan: Plan) -> list[str]:
+    # selective: + --recompute-modules (parallelism.recompute_modules); full: the spec's --recompute-method
+    # and --recompute-num-layers (default uniform, 1). docs/recompute-dropout.md.
     tokens: list[str] = []
     for key, value in _recompute_config(plan).items():
         tokens += [f"--{key.replace('_', '-')}", *(value if isinstance(value, list) else [str(value)])]
@@ -147,6 +148,7 @@ def _model_args(plan: Plan) -> list[str]:
         args.append("--untie-embeddings-and-output-weights")
     if not m.add_bias_linear:
         args.append("--disable-bias-linear")
+    # model.hidden_dropout / model.attention_dropout: 0 unless the spec sets them (docs/recompute-dropout.md).
     args += ["--attention-dropout", str(float(m.attention_dropout or 0.0)),
              "--hidden-dropout", str(float(m.hidden_dropout or 0.0)), "--attention-backend", _attention_backend(plan)]
     return args
