@@ -165,24 +165,35 @@ def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list
             f"({_gib(est.memory.total_bytes)})."]
 
 
-def _score(ctx: EstimateContext, lay: Layout) -> _Scored:
+def _score(ctx: EstimateContext, lay: Layout, mem=None) -> _Scored:
     ctx = for_layout(ctx, lay)
-    mem = estimate_memory(ctx, lay)
+    mem = mem or estimate_memory(ctx, lay)
     overflow = max(mem.total_bytes / mem.capacity_bytes, mem.host_bytes / mem.host_capacity_bytes)
     return _Scored(step_timing(ctx, lay).step_time_s, mem.total_bytes, mem.fits, mem.within_headroom, lay, overflow)
 
 
 def _scored_layouts(ctx: EstimateContext, layouts: Iterator[Layout]) -> Iterator[_Scored]:
-    """Each layout scored, but a module-recompute candidate whose layout already fits within the headroom
-    without recompute (enumerated before it): recomputing only adds time there."""
-    fit_plain: set[Layout] = set()
+    """Each layout scored, but a module-recompute candidate that cannot pay off: its layout already fits
+    within the headroom with less recompute (none, or a lighter module set: enumerated before it,
+    :data:`MOE_MODULE_SETS`), its model states alone exceed the GPU without recompute, or it does not fit."""
+    fit_lighter: set[Layout] = set()
+    hopeless: set[Layout] = set()
     for lay in layouts:
-        if lay.recompute_modules is not None and lay.recompute != "none" and \
-                dataclasses.replace(lay, recompute="none", recompute_modules=None) in fit_plain:
+        modules = lay.recompute_modules is not None
+        if not modules and lay.recompute != "none":
+            yield _score(ctx, lay)
             continue
-        scored = _score(ctx, lay)
-        if lay.recompute == "none" and scored.within_headroom:
-            fit_plain.add(lay)
+        base = dataclasses.replace(lay, recompute=None, recompute_modules=None)
+        if modules and (base in fit_lighter or base in hopeless):
+            continue
+        mem = estimate_memory(for_layout(ctx, lay), lay)
+        if modules and not mem.fits:
+            continue
+        scored = _score(ctx, lay, mem)
+        if scored.within_headroom:
+            fit_lighter.add(base)
+        elif mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes > mem.capacity_bytes:
+            hopeless.add(base)
         yield scored
 
 
@@ -295,9 +306,10 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
 
 
 # Megatron recompute-module sets the planner tries for a MoE model when recompute is open (what long-context
-# MoE runs use: the MoE block or the experts' activation, with the pre-MLP norm); the first that Megatron
-# accepts for the spec (recompute_rules.module_problem) of each, FP8 falling back to the MoE block alone.
-MOE_MODULE_SETS = ((("layernorm", "moe"), ("moe",)), (("layernorm", "moe_act"),))
+# MoE runs use: the experts' activation or the whole MoE block, with the pre-MLP norm), lighter first; of each
+# the first that Megatron accepts for the spec (recompute_rules.module_problem), FP8 falling back to the MoE
+# block alone.
+MOE_MODULE_SETS = ((("layernorm", "moe_act"),), (("layernorm", "moe"), ("moe",)))
 
 
 def _recompute_options(spec: Spec, fixed: Layout) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
