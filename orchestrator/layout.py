@@ -46,6 +46,9 @@ class Layout:
     # Megatron's --account-for-embedding/loss-in-pipeline-split: True, False, or None = undecided (the spec
     # left it open; the planner's layouts say True or False). Never counted as an open field.
     account_split: Optional[bool] = None
+    # Megatron's --recompute-modules with recompute selective (parallelism.recompute_modules, sorted); None =
+    # Megatron's default, core attention alone. Never "open": the planner may try module sets when recompute is.
+    recompute_modules: Optional[tuple[str, ...]] = None
 
     @property
     def is_complete(self) -> bool:
@@ -80,7 +83,7 @@ class Layout:
                 f"-mb{self.micro_batch_size}")
 
 
-SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_split")
+SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_split", "recompute_modules")
 
 
 # Spec field (dotted path) for each layout field, so problems name what the user writes.
@@ -90,7 +93,7 @@ FIELD_PATHS = {"tp": f"{P}.tensor", "pp": f"{P}.pipeline", "vpp": f"{P}.virtual_
                "offload": f"{P}.offload", "first_stage_layers": f"{P}.first_stage_layers",
                "last_stage_layers": f"{P}.last_stage_layers", "cp": f"{P}.context", "ep": f"{P}.expert",
                "etp": f"{P}.expert_tensor",
-               "account_split": f"{P}.account_for_embedding_loss"}
+               "account_split": f"{P}.account_for_embedding_loss", "recompute_modules": f"{P}.recompute_modules"}
 
 
 def layout_from_spec(spec: Spec) -> Layout:
@@ -107,7 +110,8 @@ def layout_from_spec(spec: Spec) -> Layout:
                   last_stage_layers=p.last_stage_layers, cp=cp,
                   ep=p.expert if p.expert is not None or moe else 1,
                   etp=p.expert_tensor if p.expert_tensor is not None or moe else 1,
-                  account_split=p.account_for_embedding_loss)
+                  account_split=p.account_for_embedding_loss,
+                  recompute_modules=tuple(sorted(set(p.recompute_modules))) if p.recompute_modules else None)
 
 
 def fixed_context(spec: Spec) -> int | None:

@@ -84,7 +84,17 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         sequence_parallel=layout.sequence_parallel, recompute=layout.recompute, offload=layout.offload,
         first_stage_layers=layout.first_stage_layers, last_stage_layers=layout.last_stage_layers,
         context=layout.cp if layout.cp != 1 else None, **_expert_fields(spec, layout),
-        account_for_embedding_loss=True if layout.account_split else None))
+        account_for_embedding_loss=True if layout.account_split else None, **_recompute_fields(spec, layout)))
+
+
+def _recompute_fields(spec: Spec, layout: Layout) -> dict:
+    """recompute_modules of a selective layout; the spec's method / layer count of a full one."""
+    p = spec.parallelism
+    if layout.recompute == "selective" and layout.recompute_modules:
+        return {"recompute_modules": list(layout.recompute_modules)}
+    if layout.recompute == "full":
+        return {"recompute_method": p.recompute_method, "recompute_num_layers": p.recompute_num_layers}
+    return {}
 
 
 def _expert_fields(spec: Spec, layout: Layout) -> dict:

@@ -25,6 +25,8 @@ from .parallel_rules import rule_fp8_dims, rule_fp8_engine_gpu
 from .rules import check_layout
 from .spec import ParallelismSpec, Spec
 from .stages import accounted_split, balanced_split, split_issues, stage_split
+from .estimate.step import for_layout  # noqa: I001  (own line: keeps the merge with main's imports simple)
+from .recompute_rules import module_problem
 
 GiB = 2**30
 RECOMPUTE = ("none", "selective", "full")
@@ -76,7 +78,7 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
     ctx = EstimateContext.of(spec, cost, engine_version, ep_a2a_overlap, fp8_recipe, distribute_saved_activations,
                              dropout, loss, shape_fields)
     rejected: list[Problem] = []
-    scored = [_score(ctx, lay) for lay in enumerate_layouts(spec, rejected)]
+    scored = list(_scored_layouts(ctx, enumerate_layouts(spec, rejected)))
     if not scored:
         example = f"; e.g. {rejected[0]}" if rejected else ""
         raise SpecError(Problem("parallelism", "no layout satisfies the rules with the fixed fields "
@@ -154,10 +156,36 @@ def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list
             f"({_gib(est.memory.total_bytes)})."]
 
 
-def _score(ctx: EstimateContext, lay: Layout) -> _Scored:
-    mem = estimate_memory(ctx, lay)
+def _score(ctx: EstimateContext, lay: Layout, mem=None) -> _Scored:
+    ctx = for_layout(ctx, lay)
+    mem = mem or estimate_memory(ctx, lay)
     overflow = max(mem.total_bytes / mem.capacity_bytes, mem.host_bytes / mem.host_capacity_bytes)
     return _Scored(step_timing(ctx, lay).step_time_s, mem.total_bytes, mem.fits, mem.within_headroom, lay, overflow)
+
+
+def _scored_layouts(ctx: EstimateContext, layouts: Iterator[Layout]) -> Iterator[_Scored]:
+    """Each layout scored, but a module-recompute candidate that cannot pay off: its layout already fits
+    within the headroom with less recompute (none, or a lighter module set: enumerated before it,
+    :data:`MOE_MODULE_SETS`), its model states alone exceed the GPU without recompute, or it does not fit."""
+    fit_lighter: set[Layout] = set()
+    hopeless: set[Layout] = set()
+    for lay in layouts:
+        modules = lay.recompute_modules is not None
+        if not modules and lay.recompute != "none":
+            yield _score(ctx, lay)
+            continue
+        base = dataclasses.replace(lay, recompute=None, recompute_modules=None)
+        if modules and (base in fit_lighter or base in hopeless):
+            continue
+        mem = estimate_memory(for_layout(ctx, lay), lay)
+        if modules and not mem.fits:
+            continue
+        scored = _score(ctx, lay, mem)
+        if scored.within_headroom:
+            fit_lighter.add(base)
+        elif mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes > mem.capacity_bytes:
+            hopeless.add(base)
+        yield scored
 
 
 # --- enumeration ----------------------------------------------------------------------------------
@@ -258,14 +286,40 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
     tp, pp, dp = d["tp"], d["pp"], d["dp"]
     for vpp, split, account in _split_variants(spec, fixed, pp, num_mb):
         for sp in _opt(fixed.sequence_parallel, _sp_options(spec, tp)):
-            recomputes = [r for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
-            for rec in _opt(fixed.recompute, recomputes):
+            for rec, modules in _recompute_options(spec, fixed):
                 for zero in _opt(fixed.zero_stage, _zero_options(pp, dp)):
                     for off in _opt(fixed.offload, _offload_options(pp, zero, spec.cluster.gpu)):
                         yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
                                      sequence_parallel=sp, recompute=rec, offload=off,
                                      first_stage_layers=split[0], last_stage_layers=split[1],
-                                     cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account)
+                                     cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account,
+                                     recompute_modules=modules)
+
+
+# Megatron recompute-module sets the planner tries for a MoE model when recompute is open (what long-context
+# MoE runs use: the experts' activation or the whole MoE block, with the pre-MLP norm), lighter first; of each
+# the first that Megatron accepts for the spec (recompute_rules.module_problem), FP8 falling back to the MoE
+# block alone.
+MOE_MODULE_SETS = ((("layernorm", "moe_act"),), (("layernorm", "moe"), ("moe",)))
+
+
+def _recompute_options(spec: Spec, fixed: Layout) -> tuple[tuple[str, tuple[str, ...] | None], ...]:
+    """(recompute, modules) pairs: the spec's when fixed; none / selective / full (selective skipped with flash
+    attention: it equals none there), and with engine megatron on a MoE model the module sets of
+    :data:`MOE_MODULE_SETS` as selective recomputes."""
+    p = spec.parallelism
+    if fixed.recompute is not None:
+        return ((fixed.recompute, fixed.recompute_modules),)
+    if fixed.recompute_modules is not None:
+        return (("selective", fixed.recompute_modules),)
+    if p.recompute_method is not None or p.recompute_num_layers is not None:
+        return (("full", None),)
+    options = [(r, None) for r in RECOMPUTE if not (r == "selective" and spec.model.flash_attention)]
+    if spec.model.moe is not None and engine_of(spec) == "megatron":
+        for choices in MOE_MODULE_SETS:
+            usable = [c for c in choices if not any(module_problem(spec, m) for m in c)]
+            options += [("selective", usable[0])] if usable else []
+    return tuple(options)
 
 
 def _sp_options(spec: Spec, tp: int) -> list[bool]:
@@ -357,7 +411,8 @@ def describe(est: LayoutEstimate) -> str:
                                                               ("last", lay.last_stage_layers)) if count is not None]
     extras = [f"v{lay.vpp}" if lay.vpp > 1 else "", *split, "embedding+loss in split" if lay.account_split else "",
               "sp" if lay.sequence_parallel else "",
-              f"recompute={lay.recompute}", f"offload={lay.offload}" if lay.offload != "none" else ""]
+              f"recompute={lay.recompute}" + (f" [{' '.join(lay.recompute_modules)}]" if lay.recompute_modules else ""),
+              f"offload={lay.offload}" if lay.offload != "none" else ""]
     return f"{lay.tag()} ({', '.join(e for e in extras if e)})"
 
 

@@ -1,19 +1,19 @@
-"""Every rule a spec and its layout must satisfy: layout.py's structural rules and parallel_rules.py's
-MoE, context-parallel and FP8 rules, in one list. ``check_layout`` is the planner's hot path; ``check_spec``
+"""Every rule a spec and its layout must satisfy: layout.py's structural rules, parallel_rules.py's
+MoE, context-parallel and FP8 rules and recompute_rules.py's recompute and dropout rules, in one list. ``check_layout`` is the planner's hot path; ``check_spec``
 runs every rule on the fields the user fixed (orchestrator.spec_loader.parse_spec calls it)."""
 from __future__ import annotations
 
 from typing import Callable
 
-from . import layout as _layout, parallel_rules as _parallel
+from . import layout as _layout, parallel_rules as _parallel, recompute_rules as _recompute
 from .errors import Problem
 from .layout import Layout, layout_from_spec
 from .spec import Spec
 
 Rule = Callable[[Spec, Layout], Problem | None]
 MODEL_RULES: list[Rule] = _layout.MODEL_RULES + _parallel.MODEL_RULES
-SPEC_RULES: list[Rule] = _layout.SPEC_RULES + _parallel.SPEC_RULES
-LAYOUT_RULES: list[Rule] = _layout.LAYOUT_RULES + _parallel.LAYOUT_RULES
+SPEC_RULES: list[Rule] = _layout.SPEC_RULES + _parallel.SPEC_RULES + _recompute.SPEC_RULES
+LAYOUT_RULES: list[Rule] = _layout.LAYOUT_RULES + _parallel.LAYOUT_RULES + _recompute.LAYOUT_RULES
 
 
 def check_layout(spec: Spec, layout: Layout) -> list[Problem]:

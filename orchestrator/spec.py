@@ -55,6 +55,9 @@ Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 Engine = Literal["megatron", "deepspeed"]
+# Megatron-LM core_v0.16.1's --recompute-modules choices (TransformerConfig.recompute_modules).
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+RecomputeMethod = Literal["uniform", "block"]
 # Defaults resolved into the spec (spec.resolved.yaml shows them).
 DEFAULT_HOST_MEMORY_GiB_PER_GPU = 64
 DEFAULT_HOST_MEMORY_GiB_PER_CPU_PROCESS = 8
@@ -105,6 +108,13 @@ class ModelSpec:
         None, doc="per-head dimension; default hidden_size / num_attention_heads (Qwen3: 128)", minimum=1,
         omit_if_none=True)
     moe: Optional[MoESpec] = spec_field(None, doc="Mixture-of-Experts; null: a dense model", omit_if_none=True)
+    hidden_dropout: Optional[float] = spec_field(
+        None, doc="dropout probability of the hidden state (embedding and both residual branches; Megatron's "
+        "--hidden-dropout); null = 0.0, what orch's own runs train with; engine megatron only when > 0",
+        minimum=0, exclusive_maximum=1, omit_if_none=True)
+    attention_dropout: Optional[float] = spec_field(
+        None, doc="dropout probability of the attention probabilities (Megatron's --attention-dropout); "
+        "null = 0.0; engine megatron only when > 0", minimum=0, exclusive_maximum=1, omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,6 +231,18 @@ class ParallelismSpec:
     sequence_parallel: Optional[bool] = spec_field(None, doc="Megatron sequence parallelism (needs tp > 1)")
     recompute: Optional[Recompute] = spec_field(None, doc="activation recomputation")
     offload: Optional[Offload] = spec_field(None, doc="ZeRO-Offload of optimizer (and parameters) to CPU")
+    recompute_modules: Optional[list[RecomputeModule]] = spec_field(
+        None, doc="with recompute: selective, the submodules recomputed in the backward (Megatron's "
+        "--recompute-modules; engine megatron): core_attn, mlp (dense MLP), moe (whole MoE block), moe_act "
+        "(experts' activation), shared_experts, layernorm (norms that are modules of their own), mla_up_proj; "
+        "null = [core_attn]", min_items=1, omit_if_none=True)
+    recompute_method: Optional[RecomputeMethod] = spec_field(
+        None, doc="with recompute: full, which layers recompute (Megatron's --recompute-method): uniform = "
+        "every layer, in groups of recompute_num_layers; block = only the first recompute_num_layers layers "
+        "of each pipeline stage (chunk); null = uniform", omit_if_none=True)
+    recompute_num_layers: Optional[int] = spec_field(
+        None, doc="with recompute: full, Megatron's --recompute-num-layers (group size for uniform, layers "
+        "recomputed per stage chunk for block); null = 1", minimum=1, maximum=MAX_LAYERS, omit_if_none=True)
     first_stage_layers: Optional[int] = _added_degree(MAX_LAYERS,
         "transformer layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers); "
         "the middle stages share the rest equally; null = even split")

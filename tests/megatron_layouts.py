@@ -61,3 +61,17 @@ MEGATRON_LAYOUTS |= {
     "tiny-moe-ep2-cpu": {"model.preset": "tiny-moe", "parallelism.expert": 2, "parallelism.expert_tensor": 1,
                          "parallelism.zero_stage": 1},
 }
+
+# Per-module recompute, the full-recompute method and dropout (issue 18; docs/recompute-dropout.md).
+MEGATRON_LAYOUTS |= {
+    "mixtral-recompute-moe-layernorm": {**MEGATRON_LAYOUTS["mixtral-tp2-ep8-sp"], "parallelism.recompute": "selective",
+                                        "parallelism.recompute_modules": ["moe", "layernorm"]},
+    "moe-recompute-act-shared-mlp-dropout": {**MEGATRON_LAYOUTS["moe-top1-capacity-shared-dense-etp2"],
+                                             "parallelism.recompute": "selective",
+                                             "parallelism.recompute_modules": ["moe_act", "shared_experts", "mlp",
+                                                                               "layernorm", "core_attn"],
+                                             "model.hidden_dropout": 0.1, "model.attention_dropout": 0.05},
+    "pp2-full-block3-dropout": {**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute": "full",
+                                "parallelism.recompute_method": "block", "parallelism.recompute_num_layers": 3,
+                                "model.hidden_dropout": 0.1, "model.attention_dropout": 0.1},
+}

@@ -128,7 +128,8 @@ def _row(rank: int, est, columns=COLUMNS) -> list[str]:
         f" offload={lay.offload}" if lay.offload != "none" else "")
     gib = {k: f"{getattr(mem, k + '_bytes') / GiB:.1f}" for k in ("params", "grads", "optimizer", "activations",
                                                                   "other", "total")}
-    cells = {"#": str(rank), "layout": name, "recompute": lay.recompute, "params": gib["params"],
+    cells = {"#": str(rank), "layout": name, "recompute": lay.recompute + (
+                 f" ({'+'.join(lay.recompute_modules)})" if lay.recompute_modules else ""), "params": gib["params"],
              "grads": gib["grads"], "optim": gib["optimizer"], "acts": gib["activations"], "other": gib["other"],
              "total GiB": gib["total"], "bubble": f"{est.bubble_fraction:.1%}", "TP s": f"{comm.tp_exposed_s:.2f}",
              "PP s": f"{comm.pp_exposed_s:.2f}", "DP s": f"{comm.dp_exposed_s:.2f}",

@@ -41,7 +41,7 @@ def mask_bytes(shape: ModelShape) -> int:
 def attention_probs_bytes(shape: ModelShape, dtype_bytes: int) -> int:
     """Bytes per attention-score element an unfused attention stores: softmax output, dropout mask and output
     with dropout; the softmax output alone without."""
-    return 2 * dtype_bytes + MASK_BYTES if shape.dropout > 0 else dtype_bytes
+    return 2 * dtype_bytes + MASK_BYTES if shape.attention_dropout_p > 0 else dtype_bytes
 
 
 def layer_activation_bytes(shape: ModelShape, tp: int, sp: bool, recompute: str, micro_batch: int,
@@ -58,7 +58,7 @@ def layer_activation_bytes(shape: ModelShape, tp: int, sp: bool, recompute: str,
     a = shape.num_attention_heads
     if shape.flash_attention:
         attention = LSE_BYTES * a * s * b
-    elif recompute == "selective":
+    elif recompute == "selective" and shape.recompute_core_attn:
         attention = 0
     else:
         attention = attention_probs_bytes(shape, e) * a * s * s * b   # softmax out (dropout mask and out)
@@ -71,6 +71,21 @@ def attention_scores_bytes(shape: ModelShape, tp: int, micro_batch: int, dtype_b
         return 0
     s = shape.seq_length
     return attention_probs_bytes(shape, dtype_bytes) * shape.num_attention_heads * s * s * micro_batch // tp
+
+
+def partial_full_recompute_bytes(input_bytes: int, layer_bytes: int, chunk_layers: float, method: str,
+                                 num_layers: int) -> tuple[float, int]:
+    """(mean bytes stored per layer, transient working bytes) of a full recompute over a model chunk of
+    ``chunk_layers`` layers (Megatron-Core transformer_block.py ``_checkpointed_forward``): ``uniform``
+    checkpoints groups of ``num_layers`` layers (one input stored per group, a whole group recomputed at once
+    in the backward); ``block`` checkpoints the first ``num_layers`` layers one by one and stores every
+    activation of the rest (``layer_bytes`` each)."""
+    c = max(1, round(chunk_layers))
+    if method == "uniform":
+        groups = -(-c // num_layers)
+        return groups * input_bytes / c, min(num_layers, c) * layer_bytes
+    k = min(num_layers, c)
+    return (k * input_bytes + (c - k) * layer_bytes) / c, layer_bytes
 
 
 def in_flight_chunks(stage: int, pp: int, vpp: int, num_microbatches: int) -> int:
@@ -116,10 +131,15 @@ def estimate_activations(shape: ModelShape, tp: int, pp: int, vpp: int, sp: bool
     middle_layers = in_flight_chunks(1, pp, vpp, num_microbatches) * (split.middle / vpp) if pp > 2 else 0.0
     if recompute == "full":
         working = layer_activation_bytes(shape, tp, sp, "none", micro_batch, dtype_bytes)
-    elif recompute == "selective":
+    elif recompute == "selective" and shape.recompute_core_attn:
         working = attention_scores_bytes(shape, tp, micro_batch, dtype_bytes)
     else:
         working = 0
+    stage_layer = {"first": (per_layer, working), "last": (per_layer, working), "middle": (per_layer, working)}
+    if recompute == "full" and (shape.recompute_method, shape.recompute_num_layers) != ("uniform", 1):
+        for name, layers in (("first", split.first), ("last", split.last), ("middle", split.middle)):
+            stage_layer[name] = partial_full_recompute_bytes(per_layer, working, layers / vpp,
+                                                             shape.recompute_method, shape.recompute_num_layers)
     sbh = shape.seq_length * micro_batch * shape.hidden_size
     embedding_out = (dtype_bytes + mask_bytes(shape)) * sbh // (tp if sp else 1)   # embedding (dropout) out + mask
     first_chunks = in_flight_chunks(0, pp, vpp, num_microbatches) // vpp or 1
@@ -127,13 +147,13 @@ def estimate_activations(shape: ModelShape, tp: int, pp: int, vpp: int, sp: bool
     # The logits buffers and the recompute working set are never live together: the loss and the output
     # layer run their backward (and free what the loss kept and the logits' gradient) before the last layer's
     # backward recomputes it, so the transient peak is the larger of the two, not their sum.
-    last_transient = max(logits, working)
-    first = int(per_layer * first_layers) + embedding_out * first_chunks + working
-    last = int(per_layer * last_layers) + last_transient
-    middle = int(per_layer * middle_layers) + working if pp > 2 else 0
+    (first_pl, first_w), (last_pl, last_w), (middle_pl, middle_w) = (stage_layer[k] for k in ("first", "last", "middle"))
+    first = int(first_pl * first_layers) + embedding_out * first_chunks + first_w
+    last = int(last_pl * last_layers) + max(logits, last_w)
+    middle = int(middle_pl * middle_layers) + middle_w if pp > 2 else 0
     if pp == 1:   # one stage holds the embedding and the logits
-        first = last = int(per_layer * first_layers) + embedding_out * first_chunks + last_transient
+        first = last = int(first_pl * first_layers) + embedding_out * first_chunks + max(logits, first_w)
     return ActivationsEstimate(per_layer_bytes=per_layer, first_stage_layers_in_flight=first_layers,
                                last_stage_layers_in_flight=last_layers, first_stage_bytes=first,
-                               last_stage_bytes=last, working_bytes=working, logits_bytes=logits,
+                               last_stage_bytes=last, working_bytes=max(first_w, last_w), logits_bytes=logits,
                                middle_stage_layers_in_flight=middle_layers, middle_stage_bytes=middle)

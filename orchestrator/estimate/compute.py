@@ -6,6 +6,7 @@ The model and its sources: docs/cost-model.md, "estimate/compute.py".
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from math import ceil, log, pi, sqrt
@@ -147,7 +148,7 @@ def _attention_times_s(shape: ModelShape, hw: Hardware, tp: int, mb: int) -> tup
     scores = matmul_time_s(s, s, d, hw, batch)         # Q K^T
     context = matmul_time_s(s, d, s, hw, batch)        # P V
     e, elems = hw.dtype_bytes, batch * s * s
-    dropout = (2 * e + MASK) * elems if shape.dropout > 0 else 0    # dropout r/w + mask (fwd and bwd alike)
+    dropout = (2 * e + MASK) * elems if shape.attention_dropout_p > 0 else 0    # dropout r/w + mask (fwd and bwd alike)
     softmax_fwd = (2 * e) * elems + dropout                         # softmax r/w
     softmax_bwd = (3 * e) * elems + dropout
     fwd = scores + context + softmax_fwd / hw.hbm_Bps
@@ -202,8 +203,13 @@ def estimate_layer_time(shape: ModelShape, hw: Hardware, tp: int, mb: int, sp: b
     ``mlp``: the MLP block when it is not the dense one (a MoE layer, estimate/moe.py)."""
     tokens = shape.seq_length * mb
     mm_fwd, mm_bwd, _ = linears_time_s(tokens, attention_linear_shapes(shape, tp), gemm_hw or hw)
-    mlp = mlp or dense_mlp_times(shape, hw, tp, mb, gemm_hw)
+    if mlp is None:   # a dense layer: Megatron's ``mlp`` recompute module redoes its MLP's forward
+        mlp = dense_mlp_times(shape, hw, tp, mb, gemm_hw)
+        if "mlp" in shape.recompute_modules:
+            mlp = dataclasses.replace(mlp, recompute_s=mlp.recompute_s + mlp.forward_s)
     att_fwd, att_bwd, att_recompute = _attention_times_s(shape, hw, tp, mb)
+    if not shape.recompute_core_attn:
+        att_recompute = 0.0
     ew_fwd, ew_bwd = (b / hw.hbm_Bps for b in _memory_bound_bytes(shape, hw.dtype_bytes, tp, sp, mb))
     eager_f, eager_b = _eager_work(shape, hw.dtype_bytes, tp, sp, mb).times_s(hw.hbm_Bps, hw.kernel_gap_s)
     ew_fwd, ew_bwd = ew_fwd + eager_f, ew_bwd + eager_b

@@ -13,14 +13,17 @@ norms, biases and element-wise work are not counted (they are not matrix FLOPs).
 weights a token passes through: attention, the router, its top-k experts and the shared expert (Megatron-Core
 MoE docs' model-FLOPs convention; :func:`~orchestrator.estimate.params.active_layer_matrix_params`). Attention is counted
 over the full s x s square, as eq. 3 does, even where a causal kernel skips the masked half.
-Selective recompute re-runs only the attention core (4*B*s^2*h per layer); full recompute re-runs the
-whole layer forward.
+Selective recompute re-runs only the attention core (4*B*s^2*h per layer) and the matrices of the recompute
+modules (``ModelShape.recompute_modules``: ``moe`` the router and the token's experts and shared expert,
+``shared_experts`` the shared expert, ``mlp`` a dense layer's MLP; the others are element-wise); without
+``core_attn`` in a spec's list (``recompute_core_attn`` False) not the attention core. Full recompute re-runs
+the whole layer forward (of its share of the layers: step.py full_recompute_share).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .params import ModelShape, active_layer_matrix_params
+from .params import ModelShape, active_layer_matrix_params, mlp_matrix_params
 
 
 @dataclass(frozen=True)
@@ -48,14 +51,34 @@ def layer_forward_flops(shape: ModelShape) -> tuple[float, float]:
     return 2 * s * active_layer_matrix_params(shape), 4 * s * s * shape.q_size
 
 
-def estimate_flops(shape: ModelShape, global_batch: int, recompute: str = "none") -> FlopsEstimate:
-    """Model and hardware FLOPs of one step (``global_batch`` sequences)."""
+def module_recompute_flops(shape: ModelShape) -> float:
+    """Matrix FLOPs the recompute modules redo per layer (mean over the layers) for one sequence."""
+    mods, s = shape.recompute_modules, shape.seq_length
+    if not mods:
+        return 0.0
+    dense = 2 * s * mlp_matrix_params(shape, shape.ffn_hidden_size) if "mlp" in mods else 0.0
+    moe = shape.moe
+    if moe is None:
+        return dense
+    routed = shape.hidden_size * moe.num_experts + moe.router_topk * mlp_matrix_params(shape, moe.expert_ffn)
+    shared = mlp_matrix_params(shape, moe.shared_ffn)
+    block = 2 * s * (routed + shared) if "moe" in mods else 2 * s * shared if "shared_experts" in mods else 0.0
+    share = shape.num_moe_layers / shape.num_layers
+    return (1 - share) * dense + share * block
+
+
+def estimate_flops(shape: ModelShape, global_batch: int, recompute: str = "none",
+                   full_share: float = 1.0) -> FlopsEstimate:
+    """Model and hardware FLOPs of one step (``global_batch`` sequences); ``full_share``: the share of the
+    layers a full recompute recomputes."""
     matrix, attention = layer_forward_flops(shape)
     layer = matrix + attention
     logits = 2 * shape.seq_length * shape.hidden_size * shape.vocab_size
     forward = shape.num_layers * layer + logits
     model = 3 * forward * global_batch
-    extra = {"none": 0.0, "selective": attention, "full": layer}[recompute]
+    core = attention if shape.recompute_core_attn else 0.0
+    modules = module_recompute_flops(shape)
+    extra = {"none": modules, "selective": core + modules, "full": layer * full_share}[recompute]
     hardware = model + shape.num_layers * extra * global_batch
     return FlopsEstimate(model_flops=model, hardware_flops=hardware, layer_forward_flops=layer,
                          attention_forward_flops=attention, logits_forward_flops=logits)

@@ -20,6 +20,9 @@ from .params import ModelShape
 from .precision import FP8_RECIPE, cast_bytes_per_row, fp8_gemm_hardware
 
 
+MOE_RECOMPUTE_A2A = 1.5   # all-to-all traffic with the MoE block recomputed: forward twice, backward once
+
+
 @dataclass(frozen=True)
 class RankLayer:
     """Mean per-layer time and traffic of one rank for one micro-batch."""
@@ -75,7 +78,9 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
         share = shape.num_moe_layers / shape.num_layers
         layer = _mix(dense, moe_layer, share)
         comm = expert_layer_comm(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb)
-        ep_bytes, ep_s = share * comm.bytes, share * comm.seconds
+        # The ``moe`` recompute module redoes the forward's dispatch and combine: 3 of the 2 + 2 exchanges.
+        redo = MOE_RECOMPUTE_A2A if "moe" in shape.recompute_modules and key.recompute != "full" else 1.0
+        ep_bytes, ep_s = share * comm.bytes * redo, share * comm.seconds * redo
     layer = with_full_attention(layer, shape, key.cp, hw.kernel_gap_s)
     cp = context_layer_comm(shape, hw, key.tp, key.cp, key.mb, layer.attention_forward_s)
     return RankLayer(time=layer, ep_bytes=ep_bytes, ep_s=ep_s, cp_bytes=cp.bytes, cp_s=cp.seconds,

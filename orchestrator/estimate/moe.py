@@ -138,11 +138,13 @@ def moe_mlp_times(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, et
     fwd += (ROUTER_KERNELS + work.local_experts) * hw.kernel_gap_s
     bwd += (ROUTER_KERNELS + 2 * work.local_experts) * hw.kernel_gap_s
     mm = router_f + expert_f
+    shared_f = 0.0
     if moe.shared_ffn:
         sf, sb, smm = linears_time_s(work.tokens * tp, mlp_linear_shapes(shape, moe.shared_ffn, tp), gemm)
         sa_f, sa_b = activation_times_s(shape, hw, work.tokens * tp, moe.shared_ffn / tp)
-        fwd, bwd, mm = fwd + sf + sa_f, bwd + sb + sa_b, mm + smm
-    return MlpTimes(fwd, bwd, mm, recompute_s=_block_recompute_s(shape, hw, work, act_f))
+        shared_f = sf + sa_f
+        fwd, bwd, mm = fwd + shared_f, bwd + sb + sa_b, mm + smm
+    return MlpTimes(fwd, bwd, mm, recompute_s=_block_recompute_s(shape, hw, work, act_f, fwd, shared_f))
 
 
 def _expert_activation_times_s(shape: ModelShape, hw: Hardware, work: ExpertWork, etp: int) -> tuple[float, float]:
@@ -164,10 +166,18 @@ def _expert_bias(shape: ModelShape, hw: Hardware, work: ExpertWork) -> tuple[flo
                             hw.dtype_bytes).times_s(hw.hbm_Bps, hw.kernel_gap_s)
 
 
-def _block_recompute_s(shape: ModelShape, hw: Hardware, work: ExpertWork, activation_forward_s: float) -> float:
-    """What Megatron's recompute modules redo in the MoE block during the backward: the experts' activation
-    (``moe_act``) and the pre-MLP norm over the rank's tokens (``layernorm``; estimate/eager_ops.py)."""
-    redo = activation_forward_s if "moe_act" in shape.recompute_modules else 0.0
+def _block_recompute_s(shape: ModelShape, hw: Hardware, work: ExpertWork, activation_forward_s: float,
+                       block_forward_s: float = 0.0, shared_forward_s: float = 0.0) -> float:
+    """What Megatron's recompute modules redo in the MoE block during the backward: the whole block's forward
+    (``moe``, its all-to-all in layer.py), else the experts' activation (``moe_act``) and the shared experts'
+    forward (``shared_experts``); and the pre-MLP norm over the rank's tokens (``layernorm``;
+    estimate/eager_ops.py)."""
+    mods = shape.recompute_modules
+    if "moe" in mods:
+        redo = block_forward_s
+    else:
+        redo = (activation_forward_s if "moe_act" in mods else 0.0) + \
+            (shared_forward_s if "shared_experts" in mods else 0.0)
     if "layernorm" in shape.recompute_modules:
         norm = norm_forward_work(work.tokens * shape.hidden_size, hw.dtype_bytes)
         redo += norm.times_s(hw.hbm_Bps, hw.kernel_gap_s)[0]

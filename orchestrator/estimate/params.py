@@ -59,6 +59,10 @@ class ModelShape:
     # published run states its own (tests/published.py case_dropout). With 0 no mask is stored and no
     # dropout kernel runs (estimate/activations.py, estimate/compute.py).
     dropout: float = 0.0
+    # model.hidden_dropout sets ``dropout``; ``attention_dropout`` is model.attention_dropout where it differs
+    # (the unfused attention's probabilities; None: the same as ``dropout``). A fused (flash) attention
+    # regenerates its mask in the backward and stores none (docs/recompute-dropout.md).
+    attention_dropout: float | None = None
     # The cross-entropy implementation the run's loss goes through (estimate/activations.py LOSS_IMPLS: what it
     # keeps of the logits for the backward; estimate/compute.py head_time_s: its memory traffic). orch's
     # Megatron runs: Megatron-Core's vocab-parallel cross entropy; orch's DeepSpeed runs: the reference
@@ -77,6 +81,13 @@ class ModelShape:
     fused_rope: bool = True
     glu_clamp: float | None = None
     recompute_modules: tuple[str, ...] = ()
+    # A spec's parallelism.recompute_modules (estimate/recompute.py): ``recompute_modules`` holds its modules
+    # but core_attn; ``recompute_core_attn`` False when a selective recompute leaves core attention out.
+    # ``recompute_method`` / ``recompute_num_layers``: which layers a full recompute recomputes (Megatron's
+    # --recompute-method / --recompute-num-layers; orch's default uniform, 1: every layer, one at a time).
+    recompute_core_attn: bool = True
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
     # A benchmark run that forced balanced routing (Megatron's --moe-router-force-load-balancing: random router
     # logits), which a published run states (estimate/moe.py random_routing_imbalance); orch's runs train their
     # router.
@@ -87,6 +98,11 @@ class ModelShape:
     # torchtitan's eager RMSNorm (norm_type "rmsnorm") rather than a fused kernel.
     layer_impl: str = "megatron_core"
     eager_norm: bool = False
+
+    @property
+    def attention_dropout_p(self) -> float:
+        """The attention probabilities' dropout (``attention_dropout``, else ``dropout``)."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
 
     @property
     def head_dim(self) -> int:
@@ -123,7 +139,29 @@ def model_shape(spec: Spec) -> ModelShape:
         moe=None if m.moe is None else MoEShape(
             num_experts=m.moe.num_experts, router_topk=m.moe.router_topk, expert_ffn=m.moe.ffn_hidden_size,
             shared_ffn=m.moe.shared_expert_ffn_hidden_size, first_dense_layers=m.moe.first_dense_layers,
-            capacity_factor=m.moe.capacity_factor))
+            capacity_factor=m.moe.capacity_factor),
+        **_dropout_fields(spec), **_recompute_fields(spec))
+
+
+def _dropout_fields(spec: Spec) -> dict:
+    """model.hidden_dropout as ``dropout``; model.attention_dropout as ``attention_dropout`` where it differs
+    (None: it follows ``dropout``, also when a published run's context sets that: step.py EstimateContext.of)."""
+    hidden, attention = float(spec.model.hidden_dropout or 0.0), float(spec.model.attention_dropout or 0.0)
+    return {"dropout": hidden, "attention_dropout": None if attention == hidden else attention}
+
+
+def _recompute_fields(spec: Spec) -> dict:
+    """The spec's recompute modules / method / layer count as ModelShape fields (defaults when unset)."""
+    p = spec.parallelism
+    fields: dict = {}
+    if p.recompute_modules:
+        fields["recompute_modules"] = tuple(sorted(set(p.recompute_modules) - {"core_attn"}))
+        fields["recompute_core_attn"] = "core_attn" in p.recompute_modules
+    if p.recompute_method:
+        fields["recompute_method"] = p.recompute_method
+    if p.recompute_num_layers:
+        fields["recompute_num_layers"] = p.recompute_num_layers
+    return fields
 
 
 @dataclass(frozen=True)

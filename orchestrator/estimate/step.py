@@ -41,6 +41,7 @@ from .ds_runtime import (ds_backward_gather_passes, ds_partitioned_transfers_s, 
 from .hardware import Hardware
 from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
+from .recompute import module_savings
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
 from .params import (ModelShape, ParamsEstimate, ds_layer_modules, estimate_params, expert_params_per_layer_per_rank,
@@ -108,6 +109,7 @@ class LayoutEstimate:
             "micro_batch_size": lay.micro_batch_size, "grad_accum_steps": self.grad_accum_steps,
             "num_microbatches": self.num_microbatches, "sequence_parallel": lay.sequence_parallel,
             "recompute": lay.recompute, "offload": lay.offload, "tag": lay.tag(),
+            **({"recompute_modules": list(lay.recompute_modules)} if lay.recompute_modules else {}),
             "memory": self.memory.to_dict(), "flops_per_step": float(self.flops.model_flops),
             "hardware_flops_per_step": float(self.flops.hardware_flops), "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
@@ -146,8 +148,22 @@ def layer_key(lay: Layout) -> LayerKey:
 
 
 def rank_layer_of(ctx: EstimateContext, lay: Layout) -> RankLayer:
-    """The mean transformer layer of one rank (MoE, context parallelism and FP8 composed in)."""
-    return rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, layer_key(lay), ctx.fp8_recipe)
+    """The mean transformer layer of one rank (MoE, context parallelism and FP8 composed in); a full
+    recompute by block recomputes only its share of the layers (:func:`full_recompute_share`)."""
+    layer = rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, layer_key(lay), ctx.fp8_recipe)
+    share = full_recompute_share(ctx.shape, lay)
+    if share == 1.0:
+        return layer
+    return dataclasses.replace(layer, time=dataclasses.replace(layer.time, recompute_s=layer.time.recompute_s * share))
+
+
+def full_recompute_share(shape: ModelShape, lay: Layout) -> float:
+    """Share of a stage's layers a full recompute recomputes: all with method uniform, the first
+    recompute_num_layers of each model chunk (of num_layers / (pp * vpp) layers) with block."""
+    if lay.recompute != "full" or shape.recompute_method != "block":
+        return 1.0
+    chunk = max(1, round(shape.num_layers / (lay.pp * lay.vpp)))
+    return min(shape.recompute_num_layers, chunk) / chunk
 
 
 def _expert_elements(ctx: EstimateContext, lay: Layout, elements: float, layers: int) -> float:
@@ -226,40 +242,66 @@ def _activations(ctx: EstimateContext, lay: Layout, params: ParamsEstimate) -> A
                                 lay.recompute, lay.micro_batch_size, num_microbatches(ctx, lay),
                                 params.padded_vocab_size, ctx.hw.dtype_bytes, split_of(ctx, lay),
                                 distributed_saved_input(ctx, lay))
-    if ctx.shape.moe is None and ctx.precision != "fp8":
+    if ctx.shape.moe is None and ctx.precision != "fp8" and not ctx.shape.recompute_modules:
         return acts
-    return _adjusted_activations(acts, ctx.shape, layer_key(lay), ctx.hw.dtype_bytes, ctx.precision)
+    return _adjusted_activations(acts, ctx.shape, layer_key(lay), ctx.hw.dtype_bytes, ctx.precision,
+                                 ctx.gpu != "cpu")
 
 
 @lru_cache(maxsize=65536)
 def _adjusted_activations(acts: ActivationsEstimate, shape: ModelShape, key: LayerKey, dtype_bytes: int,
-                          precision: str) -> ActivationsEstimate:
-    """MoE layers' routed rows instead of a dense MLP's; FP8 GEMM inputs kept in fp8."""
+                          precision: str, fused_norms: bool = True) -> ActivationsEstimate:
+    """MoE layers' routed rows instead of a dense MLP's; FP8 GEMM inputs kept in fp8; what the recompute
+    modules no longer store (estimate/recompute.py; ``fused_norms``: the Transformer Engine layer, GPUs)."""
     extra = (moe_activation_scale(shape, key, acts.per_layer_bytes, dtype_bytes) - 1) * acts.per_layer_bytes
+    working = 0.0
+    if shape.recompute_modules and key.recompute != "full":
+        saved = module_savings(shape, key.tp, key.cp, key.ep, key.etp, key.mb, key.sp, dtype_bytes, fused_norms)
+        extra -= saved.stored_bytes
+        working = max(0.0, saved.working_bytes - acts.working_bytes)
     if precision == "fp8":
         rs = rank_shape(shape, key.cp)
         extra -= fp8_saved_activation_bytes(rs, key.tp, key.sp, key.mb, key.recompute, dtype_bytes)
-        if shape.moe is not None and key.recompute != "full":
+        if shape.moe is not None and key.recompute != "full" and "moe" not in shape.recompute_modules:
             work = expert_work(shape, key.tp, key.cp, key.ep, key.etp, key.mb)
             extra -= shape.num_moe_layers / shape.num_layers * fp8_saved_moe_mlp_bytes(
                 work.routed_rows, shape.hidden_size, shape.moe.expert_ffn / key.etp, rs.seq_length * key.mb,
                 shape.ffn_hidden_size, key.tp, key.sp, dtype_bytes)
-    if extra == 0:
+    if extra == 0 and working == 0:
         return acts
+    middle = acts.middle_stage_bytes + extra * acts.middle_stage_layers_in_flight + working if acts.middle_stage_bytes else 0
     return dataclasses.replace(
-        acts, first_stage_bytes=int(acts.first_stage_bytes + extra * acts.first_stage_layers_in_flight),
-        last_stage_bytes=int(acts.last_stage_bytes + extra * acts.last_stage_layers_in_flight),
-        middle_stage_bytes=int(acts.middle_stage_bytes + extra * acts.middle_stage_layers_in_flight))
+        acts, first_stage_bytes=int(acts.first_stage_bytes + extra * acts.first_stage_layers_in_flight + working),
+        last_stage_bytes=int(acts.last_stage_bytes + extra * acts.last_stage_layers_in_flight + working),
+        middle_stage_bytes=int(middle), working_bytes=int(acts.working_bytes + working))
+
+
+def for_layout(ctx: EstimateContext, lay: Layout) -> EstimateContext:
+    """The context whose shape recomputes the layout's modules (Layout.recompute_modules; planner candidates
+    may try other module sets than the spec's); ``ctx`` itself when the layout names none."""
+    if lay.recompute_modules is None:
+        return ctx
+    fields = {"recompute_modules": tuple(m for m in lay.recompute_modules if m != "core_attn"),
+              "recompute_core_attn": "core_attn" in lay.recompute_modules}
+    if all(getattr(ctx.shape, k) == v for k, v in fields.items()):
+        return ctx
+    return _context_with(ctx, **fields)
+
+
+@lru_cache(maxsize=256)
+def _context_with(ctx: EstimateContext, **fields) -> EstimateContext:
+    return dataclasses.replace(ctx, shape=dataclasses.replace(ctx.shape, **fields))
 
 
 def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
     """The estimate of a complete, rule-abiding layout (no checks: the planner's entry)."""
+    ctx = for_layout(ctx, lay)
     shape, hw, cost = ctx.shape, ctx.hw, ctx.cost
     m = num_microbatches(ctx, lay)
     params = params_of(ctx, lay)
     memory = estimate_memory(ctx, lay, params, stage_totals=True)
     timing = step_timing(ctx, lay, params)
-    flops = estimate_flops(shape, ctx.global_batch, lay.recompute)
+    flops = estimate_flops(shape, ctx.global_batch, lay.recompute, full_recompute_share(shape, lay))
     step = timing.step_time_s
     world = hw.world_size
     tflops = flops.model_flops / (step * world) / 1e12

@@ -88,11 +88,12 @@ def _offloads_optimizer(plan: Plan) -> bool:
 
 
 def _recompute_args(plan: Plan) -> list[str]:
-    if plan.layout.recompute == "selective":
-        return ["--recompute-granularity", "selective"]
-    if plan.layout.recompute == "full":
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    return []
+    # selective: + --recompute-modules (parallelism.recompute_modules); full: the spec's --recompute-method
+    # and --recompute-num-layers (default uniform, 1). docs/recompute-dropout.md.
+    tokens: list[str] = []
+    for key, value in _recompute_config(plan).items():
+        tokens += [f"--{key.replace('_', '-')}", *(value if isinstance(value, list) else [str(value)])]
+    return tokens
 
 
 def _model_args(plan: Plan) -> list[str]:
@@ -111,7 +112,9 @@ def _model_args(plan: Plan) -> list[str]:
         args.append("--untie-embeddings-and-output-weights")
     if not m.add_bias_linear:
         args.append("--disable-bias-linear")
-    args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--attention-backend", _attention_backend(plan)]
+    # model.hidden_dropout / model.attention_dropout: 0 unless the spec sets them (docs/recompute-dropout.md).
+    args += ["--attention-dropout", str(float(m.attention_dropout or 0.0)),
+             "--hidden-dropout", str(float(m.hidden_dropout or 0.0)), "--attention-backend", _attention_backend(plan)]
     return args
 
 
@@ -257,8 +260,8 @@ def render_megatron_config(plan: Plan) -> dict:
         "activation_func": "torch.nn.functional.silu" if m.gated_mlp else "torch.nn.functional.gelu",
         "normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
         "add_bias_linear": m.add_bias_linear,
-        "hidden_dropout": 0.0,
-        "attention_dropout": 0.0,
+        "hidden_dropout": float(m.hidden_dropout or 0.0),
+        "attention_dropout": float(m.attention_dropout or 0.0),
         "attention_backend": _ATTENTION_BACKEND + _attention_backend(plan),
         "bf16": t.precision in ("bf16", "fp8"),
         "fp16": t.precision == "fp16",
@@ -282,8 +285,12 @@ def _split_config(plan: Plan) -> dict:
 
 
 def _recompute_config(plan: Plan) -> dict:
+    """TransformerConfig's recompute fields (in the order --recompute-* flags are written)."""
+    p = plan.spec.parallelism
     if plan.layout.recompute == "selective":
-        return {"recompute_granularity": "selective"}
+        modules = {"recompute_modules": list(p.recompute_modules)} if p.recompute_modules else {}
+        return {"recompute_granularity": "selective"} | modules
     if plan.layout.recompute == "full":
-        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+        return {"recompute_granularity": "full", "recompute_method": p.recompute_method or "uniform",
+                "recompute_num_layers": p.recompute_num_layers or 1}
     return {}

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from ..errors import Problem
 from ..render.megatron import OBJECT_FIELDS
 from ..stages import SplitNames, even_split_issue, split_issues
+from ..typed import did_you_mean
 from .megatron_args import MegatronArgs, Token, dest_to_flag, parse_tokens, tokens_from_text
 
 # Tokenizer type -> flags its constructor reads (pretrain_gpt.py defaults the type to GPT2BPETokenizer).
@@ -323,6 +324,39 @@ def rule_precision_and_recompute(a: MegatronArgs, world_size: int | None) -> lis
     if granularity == "selective" and method is not None:
         problems.append(Problem(a.at("recompute_method"), "--recompute-method applies to full recompute only",
                                 "remove --recompute-method, or use --recompute-granularity full"))
+    if granularity == "selective" and a.get("recompute_num_layers") is not None:
+        problems.append(Problem(a.at("recompute_num_layers"), "--recompute-num-layers must be unset with "
+                                "--recompute-granularity selective (TransformerConfig raises)",
+                                "remove --recompute-num-layers, or use --recompute-granularity full"))
+    return problems + _recompute_module_problems(a, granularity)
+
+
+# Megatron-Core core_v0.16.1 TransformerConfig's recompute_modules choices.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+
+
+def _recompute_module_problems(a: MegatronArgs, granularity: Any) -> list[Problem]:
+    modules = a.get("recompute_modules")
+    if not isinstance(modules, list):
+        return []
+    where = a.at("recompute_modules")
+    if granularity != "selective":
+        return [Problem(where, "--recompute-modules takes effect with --recompute-granularity selective only "
+                        f"(got {granularity or 'no recompute'})", "add --recompute-granularity selective, or "
+                        "remove --recompute-modules")]
+    problems = [Problem(where, f"unknown recompute module {m!r} (TransformerConfig asserts)",
+                        did_you_mean(str(m), list(RECOMPUTE_MODULES)))
+                for m in modules if m not in RECOMPUTE_MODULES]
+    needs = {"moe_act": ("moe_grouped_gemm", "--moe-grouped-gemm"),
+             "mla_up_proj": ("multi_latent_attention", "--multi-latent-attention")}
+    for module, (dest, flag) in needs.items():
+        if module in modules and not a.get(dest):
+            problems.append(Problem(where, f"recompute module {module} needs {flag} (TransformerConfig raises)",
+                                    f"add {flag}, or remove {module}"))
+    if a.get("fp8_format") and (a.get("fp8_recipe") or "delayed") == "delayed" and \
+            {"moe_act", "layernorm"} & set(modules):
+        problems.append(Problem(where, "recompute modules moe_act and layernorm are refused with FP8 delayed "
+                                "scaling (TransformerConfig raises)", "use another --fp8-recipe, or remove them"))
     return problems
 
 

@@ -1,0 +1,104 @@
+"""Rules for per-module recompute, the full-recompute method and dropout (docs/recompute-dropout.md).
+
+Same contract as :mod:`orchestrator.layout`; joined in orchestrator/rules.py (operands in the message, a fix in the hint, open fields pass).
+They follow what Megatron-LM core_v0.16.1 refuses or ignores (transformer_config.py, transformer_layer.py);
+orch's reference trainer (engine deepspeed) has neither dropout nor per-module recompute.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .errors import Problem
+from .layout import Layout, _known, engine_of
+from .spec import Spec
+
+P = "parallelism"
+
+
+def rule_modules_need_selective(spec: Spec, lay: Layout) -> Problem | None:
+    mods = spec.parallelism.recompute_modules
+    if mods is not None and lay.recompute is not None and lay.recompute != "selective":
+        return Problem(f"{P}.recompute_modules", f"recompute_modules({', '.join(mods)}) needs recompute: "
+                       f"selective, got recompute({lay.recompute})",
+                       f"set {P}.recompute: selective, or remove {P}.recompute_modules")
+    return None
+
+
+def rule_method_needs_full(spec: Spec, lay: Layout) -> Problem | None:
+    p = spec.parallelism
+    for name, value in (("recompute_method", p.recompute_method), ("recompute_num_layers", p.recompute_num_layers)):
+        if value is not None and lay.recompute is not None and lay.recompute != "full":
+            return Problem(f"{P}.{name}", f"{name}({value}) needs recompute: full, got recompute({lay.recompute})",
+                           f"set {P}.recompute: full, or remove {P}.{name}")
+    return None
+
+
+def rule_recompute_engine(spec: Spec, lay: Layout) -> Problem | None:
+    p, m = spec.parallelism, spec.model
+    if engine_of(spec) == "megatron":
+        return None
+    for name, value in (("recompute_modules", p.recompute_modules), ("recompute_method", p.recompute_method),
+                        ("recompute_num_layers", p.recompute_num_layers)):
+        if value is not None:
+            return Problem(f"{P}.{name}", f"{name} is a Megatron option; engine({engine_of(spec)}) recomputes "
+                           "whole layers (DeepSpeed activation checkpointing) or the attention core",
+                           f"remove {P}.{name}, or set training.engine: megatron")
+    for name in ("hidden_dropout", "attention_dropout"):
+        if getattr(m, name):
+            return Problem(f"model.{name}", f"{name}({getattr(m, name)}) > 0, but engine({engine_of(spec)}) trains "
+                           "orch's reference model, which has no dropout",
+                           f"set model.{name}: 0, or training.engine: megatron")
+    return None
+
+
+def module_problem(spec: Spec, module: str) -> str | None:
+    """Why Megatron-Core refuses or ignores ``module`` for this spec's model, or None."""
+    m, gpu = spec.model, spec.cluster.gpu
+    if module == "mla_up_proj":
+        return "needs multi-latent attention, which orch's models do not have"
+    if module in ("moe", "moe_act", "shared_experts") and m.moe is None:
+        return "needs a MoE model (model.moe)"
+    if module == "shared_experts" and not m.moe.shared_expert_ffn_hidden_size:
+        return "needs shared experts (model.moe.shared_expert_ffn_hidden_size > 0)"
+    if module == "moe_act" and gpu == "cpu":
+        return "needs --moe-grouped-gemm, which orch writes on GPUs only"
+    if module in ("moe_act", "layernorm") and spec.training.precision == "fp8":
+        return "is refused with FP8's delayed scaling (Megatron-Core), the FP8 recipe orch writes (--fp8-recipe delayed)"
+    if module == "mlp" and m.moe is not None and m.moe.first_dense_layers == 0:
+        return "recomputes dense MLPs only, and every layer of this model is a MoE layer (use moe)"
+    if module == "layernorm" and m.moe is None and gpu != "cpu":
+        return ("recomputes nothing in a dense Transformer Engine layer (both norms are fused into the "
+                "following linear)")
+    return None
+
+
+def rule_recompute_modules(spec: Spec, lay: Layout) -> Problem | None:
+    mods = spec.parallelism.recompute_modules
+    if not mods or engine_of(spec) != "megatron":
+        return None
+    repeated = sorted({x for x in mods if mods.count(x) > 1})
+    if repeated:
+        return Problem(f"{P}.recompute_modules", f"lists {', '.join(repeated)} more than once",
+                       "name each module once")
+    for i, module in enumerate(mods):
+        why = module_problem(spec, module)
+        if why:
+            return Problem(f"{P}.recompute_modules[{i}]", f"{module} {why}", f"remove {module}")
+    return None
+
+
+def rule_recompute_num_layers(spec: Spec, lay: Layout) -> Problem | None:
+    n = spec.parallelism.recompute_num_layers
+    if n is None or not _known(lay.pp, lay.vpp):
+        return None
+    per_chunk = spec.model.num_layers // (lay.pp * lay.vpp)
+    if per_chunk >= 1 and n > per_chunk:
+        return Problem(f"{P}.recompute_num_layers", f"recompute_num_layers({n}) > num_layers"
+                       f"({spec.model.num_layers}) // (pp({lay.pp}) * vpp({lay.vpp})) = {per_chunk} layers per "
+                       "model chunk", f"use 1 to {per_chunk}")
+    return None
+
+
+SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_recompute_engine, rule_recompute_modules]
+LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
+    rule_modules_need_selective, rule_method_needs_full, rule_recompute_num_layers]
