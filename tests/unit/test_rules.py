@@ -164,12 +164,15 @@ def test_batch_hint_names_two_different_multiples_or_one():
 
 
 def test_every_rule_module_is_in_the_rule_lists_whichever_is_imported_first():
-    """rules.py joins layout.py's structural rules and parallel_rules.py's (MoE, CP, FP8); in a fresh process
-    either rule module may be imported first, and the joined lists hold every rule of both, once."""
-    code = ("import orchestrator.parallel_rules as P, orchestrator.layout as L, orchestrator.rules as R\n"
-            "assert R.LAYOUT_RULES == L.LAYOUT_RULES + P.LAYOUT_RULES and len(set(R.LAYOUT_RULES)) == "
+    """rules.py joins layout.py's structural rules, parallel_rules.py's (MoE, CP, FP8) and recompute_rules.py's;
+    in a fresh process any rule module may be imported first, and the joined lists hold every rule, once."""
+    code = ("import orchestrator.parallel_rules as P, orchestrator.recompute_rules as C, orchestrator.layout as L, "
+            "orchestrator.rules as R\n"
+            "assert R.LAYOUT_RULES == L.LAYOUT_RULES + P.LAYOUT_RULES + C.LAYOUT_RULES and len(set(R.LAYOUT_RULES)) == "
             "len(R.LAYOUT_RULES)\n"
-            "assert R.MODEL_RULES == L.MODEL_RULES + P.MODEL_RULES and R.SPEC_RULES == L.SPEC_RULES + P.SPEC_RULES\n"
-            "assert P.rule_fp8_dims in R.LAYOUT_RULES and L.rule_world_size in R.LAYOUT_RULES")
+            "assert R.MODEL_RULES == L.MODEL_RULES + P.MODEL_RULES\n"
+            "assert R.SPEC_RULES == L.SPEC_RULES + P.SPEC_RULES + C.SPEC_RULES\n"
+            "assert P.rule_fp8_dims in R.LAYOUT_RULES and L.rule_world_size in R.LAYOUT_RULES\n"
+            "assert C.rule_recompute_num_layers in R.LAYOUT_RULES and C.rule_recompute_engine in R.SPEC_RULES")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
