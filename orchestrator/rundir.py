@@ -28,8 +28,9 @@ GENERATED_FILES = ("ds_config.json", "megatron_args.txt", "megatron_config.json"
 
 
 def dump_json(data) -> str:
-    """JSON as every orch file writes it: sorted keys, indent 2, trailing newline."""
-    return json.dumps(data, sort_keys=True, indent=2) + "\n"
+    """JSON as every orch file writes it: sorted keys, indent 2, trailing newline; never NaN or Infinity
+    (ValueError: the inputs are checked, so one would be a bug)."""
+    return json.dumps(data, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
 def render_spec_yaml(spec: Spec, header: str) -> str:

@@ -1,0 +1,126 @@
+"""Files of measured numbers that orch reads (doctor.json, calib.json, metrics.jsonl; issue 21): NaN,
+infinities, overflowing floats, huge integers, booleans, wrong shapes, devices and FIFOs are exit 2 naming
+the file and the field, never a plan of "nan s/step", a traceback or a hang."""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from tests.conftest import spec_data
+
+BIG_INT = "1" + "0" * 400
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    return info.value.code, out, err
+
+
+@pytest.fixture
+def spec(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec_data()))
+    return str(path)
+
+
+def doctor_text(measured: str, gpus_per_node: int = 2) -> str:
+    return ('{"doctor_version": 1, "spec": {"gpu": "cpu", "precision": "fp32", "gpus_per_node": %d}, '
+            '"measured": %s}' % (gpus_per_node, measured))
+
+
+BAD_DOCTOR = [
+    ("nan", doctor_text('{"gemm_flops": NaN}'), "measured.gemm_flops: NaN is not a finite number"),
+    ("inf", doctor_text('{"intra_node_bandwidth_GBps": Infinity}'), "measured.intra_node_bandwidth_GBps: Infinity"),
+    ("overflow", doctor_text('{"gemm_flops": 1e999}'), "measured.gemm_flops: 1e999 is not a finite number"),
+    ("1e308", doctor_text('{"allreduce_latency_s": 1e308, "allreduce_latency_ranks": 2}'),
+     "measured.allreduce_latency_s: 1e+308 is not a number in"),
+    ("bool", doctor_text('{"allreduce_latency_s": true, "allreduce_latency_ranks": 2}'),
+     "measured.allreduce_latency_s: True is not a number"),
+    ("huge-int", doctor_text('{"gemm_flops": %s}' % BIG_INT), "measured.gemm_flops: 1000"),
+    ("ranks-bool", doctor_text('{"allreduce_latency_s": 1e-4, "allreduce_latency_ranks": true}'),
+     "measured.allreduce_latency_ranks"),
+    ("negative", doctor_text('{"inter_node_bandwidth_GBps": -5}'), "measured.inter_node_bandwidth_GBps: -5"),
+    ("list", "[1, 2]", "not a doctor.json of version 1"),
+    ("measured-list", doctor_text("[1]"), "not a doctor.json of version 1"),
+    ("spec-list", '{"doctor_version": 1, "spec": [], "measured": {}}', "spec: must be an object"),
+    ("other-gpus-per-node", doctor_text('{"gemm_flops": 1e11}', gpus_per_node=8),
+     "spec.gpus_per_node: made with 8 GPUs per node, but the spec's cluster.gpus_per_node is 2"),
+]
+
+
+@pytest.mark.parametrize("command", ["plan", "generate"])
+@pytest.mark.parametrize("text, message", [c[1:] for c in BAD_DOCTOR], ids=[c[0] for c in BAD_DOCTOR])
+def test_bad_doctor_json_exit_2_naming_the_field(tmp_path, capsys, spec, command, text, message):
+    path = tmp_path / "doctor.json"
+    path.write_text(text)
+    extra = ["-o", str(tmp_path / "run")] if command == "generate" else []
+    code, out, err = run_cli([command, spec, "--measured", str(path), *extra], capsys)
+    assert code == 2 and str(path) in err and message in err, err
+    assert out == "" and not (tmp_path / "run").exists()
+
+
+def test_good_doctor_json_still_plans(tmp_path, capsys, spec):
+    path = tmp_path / "doctor.json"
+    path.write_text(doctor_text('{"gemm_flops": 1e11, "allreduce_latency_s": 1e-4, "allreduce_latency_ranks": 2}'))
+    code, out, err = run_cli(["plan", spec, "--measured", str(path), "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["measured"]["figures"]["matmul_efficiency"]["value"] > 0
+
+
+BAD_CALIB = [
+    ("nan", '{"cost_model": {"dp_overlap": NaN}}', "cost_model.dp_overlap: NaN is not a finite number"),
+    ("overflow", '{"cost_model": {"kernel_gap_s": 1e999}}', "cost_model.kernel_gap_s: 1e999"),
+    ("1e308", '{"cost_model": {"kernel_gap_s": 1e308}}', "cost_model.kernel_gap_s: 1e+308 is out of range"),
+    ("tiny-efficiency", '{"cost_model": {"matmul_efficiency": 1e-300}}', "cost_model.matmul_efficiency: 1e-300"),
+    ("huge-int", '{"cost_model": {"comm_channels": %s}}' % BIG_INT, "cost_model.comm_channels"),
+    ("bool", '{"cost_model": {"kernel_gap_s": true}}', "cost_model.kernel_gap_s"),
+    ("list", "[]", "calib.json must be a JSON object"),
+    ("other-gpus-per-node", '{"cost_model": {}, "cluster": {"gpu": "cpu", "gpus_per_node": 8}}',
+     "cluster.gpus_per_node: made with 8 GPUs per node, but the spec's cluster.gpus_per_node is 2"),
+    ("gpus-per-node-bool", '{"cost_model": {}, "cluster": {"gpus_per_node": true}}',
+     "cluster.gpus_per_node: must be an integer"),
+]
+
+
+@pytest.mark.parametrize("text, message", [c[1:] for c in BAD_CALIB], ids=[c[0] for c in BAD_CALIB])
+def test_bad_calib_json_exit_2_naming_the_field(tmp_path, capsys, spec, text, message):
+    path = tmp_path / "calib.json"
+    path.write_text(text)
+    code, out, err = run_cli(["plan", spec, "--calibration", str(path)], capsys)
+    assert code == 2 and str(path) in err and message in err, err
+
+
+@pytest.mark.parametrize("option", ["--measured", "--calibration"])
+def test_devices_fifos_and_huge_files_are_refused_without_reading(tmp_path, capsys, spec, option):
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)          # opening it for reading would block until a writer came
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(17 << 20)  # sparse: over the 16 MiB cap
+    for path, message in ((zero, "not a regular file (a device)"), (fifo, "not a regular file (a FIFO)"),
+                          (tmp_path, "directory"), (big, "larger than")):
+        code, _, err = run_cli(["plan", spec, option, str(path)], capsys)
+        assert code == 2 and str(path) in err and message in err, err
+
+
+def test_a_spec_that_is_a_fifo_is_refused(tmp_path, capsys):
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    code, out, _ = run_cli(["validate", str(fifo)], capsys)
+    assert code == 2 and "not a regular file (a FIFO)" in out
+
+
+def test_plan_json_never_holds_nan():
+    from orchestrator.rundir import dump_json
+
+    with pytest.raises(ValueError):
+        dump_json({"step_time_s": math.nan})
