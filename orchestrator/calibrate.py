@@ -57,7 +57,7 @@ from .errors import Problem, SpecError, raise_if
 from .estimate.cost import CostModel
 from .layout import Layout
 from .runs import MeasuredRun, load_runs
-from .spec import Spec
+from .spec import Spec, spec_to_data
 
 CALIBRATION_VERSION = 1
 QUANTITIES = ("compute_s", "dp_reduction_s", "step_time_s")
@@ -338,7 +338,7 @@ def identified_fit(observations: list[Observation], base: CostModel) -> tuple[li
     dropping the last terms of :func:`fit_terms` first; then drop any rate or efficiency that ran to the edge
     of its range (the runs did not determine it) and fit again. Returns terms, values and warnings."""
     terms = fit_terms(observations, base)
-    measured = sum(1 for o in observations for key in QUANTITIES if o.measured[key])
+    measured = distinct_measured(observations)
     warnings = [f"{t.name} not fitted (kept the default): {measured} measured value(s) leave no check on "
                 f"{len(terms)} terms; add runs of other layouts" for t in terms[max(1, measured - 1):]]
     terms = terms[:max(1, measured - 1)]
@@ -351,6 +351,18 @@ def identified_fit(observations: list[Observation], base: CostModel) -> tuple[li
         warnings += [f"{terms[i].name} not fitted (kept the default): the fit ran to the edge of its range "
                      f"({values[i]:.3g}), so these runs do not determine it" for i in edge]
         terms = [t for i, t in enumerate(terms) if i not in edge]
+
+
+def distinct_measured(observations: list[Observation]) -> int:
+    """How many measured values the runs give the fit: per distinct experiment (what the cost model sees:
+    the spec but its name, tracking and launch, and the layout), the most any of its runs measured. The same
+    run given twice, or one layout trained again, repeats a measurement: it determines no further term."""
+    most: dict[str, int] = {}
+    for o in observations:
+        data = {k: v for k, v in spec_to_data(o.spec).items() if k not in ("name", "tracking", "launch")}
+        key = json.dumps([data, repr(o.layout)], sort_keys=True, default=str)
+        most[key] = max(most.get(key, 0), sum(1 for q in QUANTITIES if o.measured[q]))
+    return sum(most.values())
 
 
 def _fitted_fields(terms: list[Term]) -> list[str]:

@@ -21,6 +21,8 @@ Across runs: the semantic diff (the layout fields and the resolved-spec fields w
 winner: the run with the highest median tokens/s (per GPU when the world sizes differ), with the main reason:
 the breakdown component (per unit of that rate) by which the runner-up lost the most time. Runs of different
 models have no winner (their rates measure different work); the record names the model fields that differ.
+Nor do two fastest runs within the measured noise (twice the combined standard error of their medians, at
+least 1%): they tie, and the record names both.
 
 Warm-up: the first :data:`WARMUP_STEPS` = 3 steps are left out. Step 1 pays one-time costs (the process
 group's first collectives connect, the framework builds its gradient buckets and communication buffers, the
@@ -38,6 +40,7 @@ from .runs import MeasuredRun, load_runs
 from .spec import spec_to_data
 
 WARMUP_STEPS = 3
+TIE_FLOOR = 0.01       # runs within 1% tie whatever their noise (a shared machine's drift between runs)
 P90 = 90.0
 MEDIAN_KEYS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "allreduce_time_s",
                "allreduce_overhead", "comm_exposed_s")
@@ -258,11 +261,40 @@ def pick_winner(runs: list[RunComparison]) -> dict:
     if len(runs) == 1:
         return result
     second = ranked[1]
+    noise = tie_margin(best, second)
+    speedup = _ratio(rate(best, criterion), rate(second, criterion))
+    if speedup is not None and speedup - 1 <= noise:
+        return tie(best, second, criterion, speedup, noise)
     reason = main_reason(best, second, criterion)
     result.update(runner_up=second.label, speedup=_ratio(rate(best, criterion), rate(second, criterion)),
                   reason=reason)
     result["explanation"] = explain(best, second, criterion, reason, result["speedup"])
     return result
+
+
+def rate_noise(run: RunComparison) -> float:
+    """The relative standard error of the run's median tokens/s over its measured steps: 1.2533 sigma /
+    sqrt(n) / median, sigma estimated robustly from the interquartile range (IQR / 1.349)."""
+    values = run.records[run.warmup:].column("tokens_per_s")
+    mid = median(values)
+    if len(values) < 2 or mid <= 0:
+        return 0.0
+    sigma = (percentile(values, 75.0) - percentile(values, 25.0)) / 1.349
+    return 1.2533 * sigma / math.sqrt(len(values)) / mid
+
+
+def tie_margin(a: RunComparison, b: RunComparison) -> float:
+    """How much faster one run must be to win: twice the combined noise of the two medians (about 95%
+    confidence), and at least :data:`TIE_FLOOR`."""
+    return max(TIE_FLOOR, 2.0 * math.hypot(rate_noise(a), rate_noise(b)))
+
+
+def tie(best: RunComparison, second: RunComparison, criterion: str, speedup: float, noise: float) -> dict:
+    """The winner record when the two fastest runs are within the measured noise: none."""
+    return {"label": None, "index": None, "criterion": criterion, "value": None, "runner_up": None,
+            "speedup": speedup, "reason": None, "tie": [best.label, second.label], "tie_margin": noise,
+            "explanation": f"no winner: {best.label} and {second.label} tie ({speedup:.3f}x the "
+                           f"{RATE_NAMES[criterion]}, within the measured noise of +-{100 * noise:.1f}%)"}
 
 
 def no_winner(runs: list[RunComparison]) -> dict:

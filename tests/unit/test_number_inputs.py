@@ -124,3 +124,75 @@ def test_plan_json_never_holds_nan():
 
     with pytest.raises(ValueError):
         dump_json({"step_time_s": math.nan})
+
+
+# --- metrics.jsonl through compare and calibrate -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from tests.unit.compare_support import make_run_dir, steady
+
+    root = tmp_path_factory.mktemp("runs")
+    return {name: make_run_dir(root / name, steady(10, 0.1), **over) for name, over in
+            (("a", {}), ("b", {}), ("mb4", {"parallelism.micro_batch_size": 4}))}
+
+
+BAD_RECORDS = [
+    ("negative", {"step_time_s": -1.0}, "step_time_s must be in [1e-09, 1e+06], got -1.0"),
+    ("1e308", {"step_time_s": 1e308, "tokens_per_s": 1e308}, "step_time_s must be in"),
+    ("string", {"compute_time_s": "abc"}, "compute_time_s must be a number, got 'abc'"),
+    ("bool", {"moe_aux_loss": True}, "moe_aux_loss must be a number, got True"),
+    ("huge-step", {"step": 10**30}, "step must be an integer in [1, "),
+    ("negative-rate", {"tokens_per_s": -5.0}, "tokens_per_s must be in [0, 1e+15]"),
+]
+
+
+@pytest.mark.parametrize("command", ["compare", "calibrate"])
+@pytest.mark.parametrize("change, message", [c[1:] for c in BAD_RECORDS], ids=[c[0] for c in BAD_RECORDS])
+def test_bad_metrics_values_exit_2_naming_the_run_and_field(tmp_path, capsys, trained, command, change, message):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained["a"], run)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[5] = json.dumps({**json.loads(lines[5]), **change})
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    extra = ["-o", str(tmp_path / "calib.json")] if command == "calibrate" else []
+    code, out, err = run_cli([command, str(run), str(trained["b"]), *extra], capsys)
+    assert code == 2 and f"{run}/metrics.jsonl:6" in err and message in err, err
+    assert not (tmp_path / "calib.json").exists()
+
+
+def test_identical_runs_tie_instead_of_naming_a_winner(capsys, trained):
+    code, out, err = run_cli(["compare", str(trained["a"]), str(trained["b"]), "--json"], capsys)
+    winner = json.loads(out)["winner"]
+    assert code == 0 and winner["label"] is None and len(winner["tie"]) == 2 and winner["speedup"] == 1.0
+    code, out, _ = run_cli(["compare", str(trained["a"]), str(trained["b"])], capsys)
+    assert code == 0 and "tie (1.000x" in out and "wins" not in out
+
+
+def test_a_clear_speedup_still_wins(tmp_path, capsys, trained):
+    from tests.unit.compare_support import make_run_dir, steady
+
+    fast = make_run_dir(tmp_path / "fast", steady(10, 0.05))
+    code, out, _ = run_cli(["compare", str(fast), str(trained["a"]), "--json"], capsys)
+    winner = json.loads(out)["winner"]
+    assert code == 0 and winner["index"] == 0 and winner["speedup"] > 1.9 and "tie" not in winner
+
+
+def test_the_same_run_twice_fits_no_more_terms_than_once(tmp_path, capsys, trained):
+    from orchestrator.calibrate import calibrate
+
+    once, twice = calibrate([str(trained["a"])]), calibrate([str(trained["a"]), str(trained["a"])])
+    assert set(twice.fitted) == set(once.fitted) and "dp_overlap" not in twice.fitted
+    assert any("dp_overlap not fitted" in w for w in twice.warnings)
+
+
+def test_metrics_are_kept_as_columns_not_dicts(trained):
+    from orchestrator.records import Records
+    from orchestrator.runs import load_run
+
+    run = load_run(str(trained["a"]))
+    assert isinstance(run.records, Records) and len(run.records) == 10
+    assert run.records[2:].column("step") == list(range(3, 11)) and run.records[-1]["step"] == 10
+    assert run.records[0].get("alltoall_time_s") is None and isinstance(run.records[0]["mem_peak_bytes"], int)
