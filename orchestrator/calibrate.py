@@ -407,7 +407,8 @@ class CalibrationFile:
 
 def spec_mismatches(recorded: dict, spec: Spec, where: str, what: str, fix: str) -> list[Problem]:
     """A Problem for the GPU, the GPUs per node (intra-node bandwidth and placement depend on it) and the
-    precision when ``recorded`` (what a file was made on) names another than the spec's; ``what`` is a format with one ``{!r}`` for the recorded value ("fitted on {!r} runs")."""
+    precision when ``recorded`` (what a file was made on) names another than the spec's; ``what`` is a format
+    with one ``{!r}`` for the recorded value ("fitted on {!r} runs")."""
     problems = []
     for key, field, have in (("gpu", "cluster.gpu", spec.cluster.gpu),
                              ("gpus_per_node", "cluster.gpus_per_node", spec.cluster.gpus_per_node),

@@ -105,8 +105,12 @@ def step_breakdown(record: dict) -> dict:
 
 def measured_breakdown(records, warmup: int) -> dict:
     """Means of :func:`step_breakdown` over records[warmup:] (they add up to the mean step time)."""
-    kept = [step_breakdown(r) for r in records[warmup:]]
-    return {key: sum(b[key] for b in kept) / len(kept) for key in COMPONENTS}
+    sums, n = dict.fromkeys(COMPONENTS, 0.0), 0
+    for record in records[warmup:]:          # summed as they come: a long run holds no list of dicts
+        n += 1
+        for key, value in step_breakdown(record).items():
+            sums[key] += value
+    return {key: total / n for key, total in sums.items()}
 
 
 def predicted_breakdown(chosen: dict) -> dict:

@@ -97,12 +97,14 @@ class RecordsBuilder:
 
     def __init__(self):
         self._cols = {k: array("q" if k == "step" else "d") for k in KEPT_KEYS}
-        self._row_of_step: dict[int, int] = {}
+        self._row_of_step: dict[int, int] | None = None    # built only once a step comes out of order
 
     def add(self, record: dict) -> None:
         """Keep ``record``'s KEPT_KEYS (already checked: step an int, the rest finite numbers or absent)."""
-        step = record["step"]
-        row = self._row_of_step.get(step)
+        step, steps = record["step"], self._cols["step"]
+        if self._row_of_step is None and steps and step <= steps[-1]:
+            self._row_of_step = {s: i for i, s in enumerate(steps)}
+        row = None if self._row_of_step is None else self._row_of_step.get(step)
         for key, col in self._cols.items():
             value = record.get(key)
             value = _ABSENT if value is None else value
@@ -110,11 +112,11 @@ class RecordsBuilder:
                 col.append(value)
             else:
                 col[row] = value
-        if row is None:
-            self._row_of_step[step] = len(self._cols["step"]) - 1
+        if row is None and self._row_of_step is not None:
+            self._row_of_step[step] = len(steps) - 1
 
     def __len__(self) -> int:
-        return len(self._row_of_step)
+        return len(self._cols["step"])
 
     def finish(self) -> Records:
         """The rows sorted by step."""
