@@ -196,3 +196,36 @@ def test_metrics_are_kept_as_columns_not_dicts(trained):
     assert isinstance(run.records, Records) and len(run.records) == 10
     assert run.records[2:].column("step") == list(range(3, 11)) and run.records[-1]["step"] == 10
     assert run.records[0].get("alltoall_time_s") is None and isinstance(run.records[0]["mem_peak_bytes"], int)
+
+
+# --- command-line options and validate's paths ---------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, option", [
+    (["doctor", "RUN", "--threshold", "nan"], "--threshold"), (["doctor", "RUN", "--timeout", "nan"], "--timeout"),
+    (["doctor", "RUN", "--timeout", "inf"], "--timeout"), (["launch", "RUN", "--timeout", "nan"], "--timeout"),
+    (["launch", "RUN", "--preflight-timeout", "inf"], "--preflight-timeout")])
+def test_float_options_must_be_finite(tmp_path, capsys, argv, option):
+    argv = [str(tmp_path) if a == "RUN" else a for a in argv]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and option in err and "not a finite number" in err, err
+
+
+@pytest.mark.parametrize("name", ["a\nb", "x" * 65, "", "a b", "../x"])
+def test_init_name_follows_the_spec_name_rule(tmp_path, capsys, name):
+    code, out, err = run_cli(["init", "--name", name, "-o", str(tmp_path / "s.yaml")], capsys)
+    assert code == 2 and "--name" in err and "Traceback" not in err and not (tmp_path / "s.yaml").exists()
+
+
+def test_validate_reports_every_path_past_an_unreadable_one(tmp_path, capsys, spec):
+    unreadable = "x" * 300          # ENAMETOOLONG: unreadable even for root
+    code, out, err = run_cli(["validate", "--static", spec, unreadable, str(tmp_path / "missing"), spec], capsys)
+    assert code == 2 and f"{unreadable}: cannot read: File name too long" in out
+    assert f"{tmp_path / 'missing'}: no such file" in out and "[4/4] checking" in err
+
+
+@pytest.mark.parametrize("name", ["ds_config.json", "megatron_config.json"])
+def test_deeply_nested_json_is_a_problem_not_a_recursion_error(tmp_path, capsys, name):
+    path = tmp_path / name
+    path.write_text('{"train_batch_size": 8, "x": ' + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "}")
+    code, out, err = run_cli(["validate", str(path)], capsys)     # without --static: the prefetch reads it too
+    assert code == 2 and f"{path}: nested more than 64 levels deep" in out, out + err
