@@ -229,3 +229,60 @@ def test_deeply_nested_json_is_a_problem_not_a_recursion_error(tmp_path, capsys,
     path.write_text('{"train_batch_size": 8, "x": ' + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "}")
     code, out, err = run_cli(["validate", str(path)], capsys)     # without --static: the prefetch reads it too
     assert code == 2 and f"{path}: nested more than 64 levels deep" in out, out + err
+
+
+# --- spec values --------------------------------------------------------------------------------------------
+
+BAD_SPEC_VALUES = [
+    ("tag-empty", {"tracking.wandb.tags": ["ok", ""]}, "tracking.wandb.tags[1]", "1 to 64 characters"),
+    ("tag-65", {"tracking.wandb.tags": ["x" * 65]}, "tracking.wandb.tags[0]", "1 to 64 characters"),
+    ("pdsh-duplicate", {"launch.pdsh.hosts": ["n1", "N1"], "cluster.num_nodes": 2, "cluster.gpus_per_node": 1},
+     "launch.pdsh.hosts[1]", "listed twice"),
+    ("lr-1e308", {"training.optimizer.lr": 1e308}, "training.optimizer.lr", "above 10 training diverges"),
+    ("aux-1e300", {"model.preset": None, "model.num_layers": 2, "model.hidden_size": 64,
+                   "model.num_attention_heads": 4, "model.vocab_size": 128, "model.seq_length": 32,
+                   "model.moe": {"num_experts": 4, "aux_loss_coeff": 1e300}}, "model.moe.aux_loss_coeff", "above 1"),
+    ("capacity-1e-300", {"model.preset": None, "model.num_layers": 2, "model.hidden_size": 64,
+                         "model.num_attention_heads": 4, "model.vocab_size": 128, "model.seq_length": 32,
+                         "model.moe": {"num_experts": 4, "capacity_factor": 1e-300}},
+     "model.moe.capacity_factor", "below 0.01"),
+    ("data-path-flag", {"data.synthetic": False, "data.path": "--mock-data"}, "data.path", "starts with '-'"),
+    ("tokenizer-flag", {"data.synthetic": False, "data.path": "/d", "data.tokenizer": "-x"}, "data.tokenizer",
+     "starts with '-'"),
+    ("checkpoint-dir-flag", {"training.checkpoint.dir": "--save"}, "training.checkpoint.dir", "starts with '-'"),
+    ("name-flag", {"name": "-run"}, "name", "starts with '-'"),
+]
+
+
+@pytest.mark.parametrize("command", ["validate", "generate"])
+@pytest.mark.parametrize("overrides, field, message", [c[1:] for c in BAD_SPEC_VALUES],
+                         ids=[c[0] for c in BAD_SPEC_VALUES])
+def test_bad_spec_values_exit_2_naming_the_field(tmp_path, capsys, command, overrides, field, message):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec_data(**overrides)))
+    extra = ["-o", str(tmp_path / "run")] if command == "generate" else []
+    code, out, err = run_cli([command, str(path), *extra], capsys)
+    text = out + err
+    assert code == 2 and f"{field}: " in text and message in text, text
+    assert not (tmp_path / "run").exists()
+
+
+def test_sane_values_at_the_bounds_pass(tmp_path, capsys):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec_data(**{"training.optimizer.lr": 10, "tracking.wandb.tags": ["x" * 64],
+                                                "data.synthetic": False, "data.path": "./--mock-data"})))
+    code, out, err = run_cli(["validate", str(path)], capsys)
+    assert code == 0, out + err
+
+
+def test_a_flag_where_a_megatron_value_belongs_is_a_problem(tmp_path, capsys):
+    from tests.unit.compare_support import make_run_dir
+
+    run = make_run_dir(tmp_path / "run", **{"training.engine": "megatron"})
+    args = run / "megatron_args.txt"
+    args.write_text(args.read_text().replace("--mock-data\n", "--data-path\n--mock-data\n", 1))
+    code, out, _ = run_cli(["validate", "--static", str(run)], capsys)
+    assert code == 2 and "--data-path takes values but got none: the next line '--mock-data' is a flag" in out
+    (tmp_path / "m_args.txt").write_text("--tokenizer-model\n-foo\n--lr\n-0.5\n")
+    code, out, _ = run_cli(["validate", "--static", str(tmp_path / "m_args.txt")], capsys)
+    assert code == 2 and "the value '-foo' starts with '-'" in out and "'-0.5' starts" not in out
