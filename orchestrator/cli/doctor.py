@@ -37,7 +37,7 @@ def command(run_dir, backend, as_json, quick, threshold, timeout_s) -> None:
                             timeout_s=timeout_s)
     report = run_doctor(run_dir, options, note=lambda line: click.echo(line, err=True))
     if as_json:
-        click.echo(json.dumps(report, sort_keys=True, indent=2))
+        click.echo(json.dumps(report, sort_keys=True, indent=2, allow_nan=False))
     else:
         click.echo(render_text(report))
     if not report["healthy"]:

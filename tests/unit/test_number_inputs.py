@@ -120,10 +120,12 @@ def test_a_spec_that_is_a_fifo_is_refused(tmp_path, capsys):
 
 
 def test_plan_json_never_holds_nan():
+    from orchestrator.errors import OrchError
     from orchestrator.rundir import dump_json
 
-    with pytest.raises(ValueError):
-        dump_json({"step_time_s": math.nan})
+    for bad in (math.nan, math.inf):
+        with pytest.raises(OrchError, match="non-finite number"):
+            dump_json({"step_time_s": bad})
 
 
 # --- metrics.jsonl through compare and calibrate -----------------------------------------------------------
