@@ -24,9 +24,10 @@ def list_presets() -> str:
 
 def check_name(name: str | None) -> None:
     """SpecError naming --name unless it follows the spec's name rule (it goes into YAML and file names)."""
-    if name is not None and not re.fullmatch(NAME_PATTERN, name):
+    if name is not None and (not re.fullmatch(NAME_PATTERN, name) or name.startswith("-")):
         raise SpecError(Problem("--name", f"{name[:80]!r} is not a run name",
-                                f"use 1-64 letters, digits, '.', '_' or '-': the spec's name rule {NAME_PATTERN}"))
+                                f"use 1-64 letters, digits, '.', '_' or '-', not starting with '-': the spec's name rule "
+                                f"{NAME_PATTERN}"))
 
 
 def render_starter_spec(*, preset: str, gpu: str | None, num_nodes: int, gpus_per_node: int | None,

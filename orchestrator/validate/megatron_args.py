@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -130,6 +131,10 @@ def _looks_like_flag(text: str) -> bool:
     return text.startswith("--") and len(text) > 2
 
 
+# What argparse itself takes for a negative number rather than a flag (argparse's _negative_number_matcher).
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
 def _flag_like_value_problems(flag: str, values: list[str], following: Token | None, path: str,
                               line: int) -> list[Problem]:
     """A value that starts with '-' (argparse reads it as a flag of its own: data.path "--mock-data" made
@@ -139,7 +144,7 @@ def _flag_like_value_problems(flag: str, values: list[str], following: Token | N
     where = f"{path}:{line} {flag}"
     problems = [Problem(where, f"the value {v[:60]!r} starts with '-': Megatron-LM's argparse reads it as a flag",
                         "a value must not start with '-': write a path as ./" + v[:30])
-                for v in values if v.startswith("-") and not _is_number(v)]
+                for v in values if v.startswith("-") and not NEGATIVE_NUMBER.match(v)]
     takes_values = entry.get("action") not in ("store_true", "store_false", "store_const", "count",
                                                "boolean_optional", "help", None)
     if takes_values and entry.get("nargs") == "*" and not values and following is not None:
@@ -148,13 +153,6 @@ def _flag_like_value_problems(flag: str, values: list[str], following: Token | N
                                 "give the values right after the flag, none starting with '-'"))
     return problems
 
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _store(args: MegatronArgs, flag: str, values: list[str], line: int) -> list[Problem]:

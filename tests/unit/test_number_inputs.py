@@ -212,7 +212,7 @@ def test_float_options_must_be_finite(tmp_path, capsys, argv, option):
     assert code == 2 and option in err and "not a finite number" in err, err
 
 
-@pytest.mark.parametrize("name", ["a\nb", "x" * 65, "", "a b", "../x"])
+@pytest.mark.parametrize("name", ["a\nb", "x" * 65, "", "a b", "../x", "-x"])
 def test_init_name_follows_the_spec_name_rule(tmp_path, capsys, name):
     code, out, err = run_cli(["init", "--name", name, "-o", str(tmp_path / "s.yaml")], capsys)
     assert code == 2 and "--name" in err and "Traceback" not in err and not (tmp_path / "s.yaml").exists()
