@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import OrchError, Problem, SpecError
+from .errors import OrchError, Problem, SpecError, raise_if
 from .layout import Layout, require_complete
 from .records import KEPT_KEYS, Records, RecordsBuilder
 from .spec import SPEC_VERSION, Spec, parse_spec
@@ -127,6 +127,7 @@ def _from_run_dir(source: str, root: Path) -> MeasuredRun:
                          for p in e.problems]) from None
     except OrchError as e:      # a run dir file that is not valid JSON/YAML: bad input, not a failure
         raise SpecError(Problem(source, str(e))) from None
+    raise_if(chosen_problems(run_dir.chosen, f"{source}: plan.json: chosen"))
     records = read_records(source, root / METRICS_FILE)
     return MeasuredRun(source=source, kind="run_dir", spec=run_dir.spec, chosen=run_dir.chosen,
                        records=records)
@@ -215,6 +216,32 @@ def record_problems(record) -> list[str]:
         elif not lo <= value <= hi:
             out.append(f"{key} must be in [{lo:g}, {hi:g}], got {value!r}")
     return out
+
+
+MAX_ESTIMATE = 1e30                   # no estimate is that large (a 175B run's FLOPs per step are ~1e18)
+NUMBER_ENDINGS = ("_s", "_bytes", "_fraction", "_flops", "mfu", "tflops_per_gpu", "_overhead")
+BLOCKS = ("breakdown", "memory", "comm")
+
+
+def chosen_problems(chosen: dict, where: str) -> list[Problem]:
+    """plan.json's chosen record as compare and calibrate read it: its breakdown, memory and comm blocks
+    objects, every number finite and below MAX_ESTIMATE, and a number (not true/false, not text) wherever
+    a key names a time, a size, a rate or a fraction. Empty when it is fine."""
+    hint = "plan.json was edited or damaged: re-generate the run dir with `orch generate`"
+    problems = [Problem(f"{where}.{key}", f"must be an object, got {_shown(chosen[key])}", hint)
+                for key in BLOCKS if chosen.get(key) is not None and not isinstance(chosen[key], dict)]
+    stack = [(value, f"{where}.{key}", str(key)) for key, value in chosen.items()]
+    while stack and len(problems) < MAX_PROBLEMS_PER_FILE:
+        value, at, key = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, f"{at}.{k}", str(k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{at}[{i}]", key) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value) or _is_number(value) and abs(value) > MAX_ESTIMATE:
+            problems.append(Problem(at, f"{_shown(value)} is not a finite number below {MAX_ESTIMATE:g}", hint))
+        elif key.endswith(NUMBER_ENDINGS) and value is not None and not _is_number(value):
+            problems.append(Problem(at, f"must be a number, got {_shown(value)}", hint))
+    return problems
 
 
 def _shown(value) -> str:
@@ -372,6 +399,7 @@ def run_from_wandb(source: str, kind: str, run: WandbRun) -> MeasuredRun:
         spec = parse_spec(spec_data)
     except SpecError as e:
         raise SpecError([Problem(f"{source}: config.spec.{p.path}", p.message, p.hint) for p in e.problems]) from None
+    raise_if(chosen_problems(chosen, f"{source}: config.plan"))
     records = history_records(source, run.history)
     return MeasuredRun(source=source, kind=kind, spec=spec, chosen=chosen, records=records)
 

@@ -288,3 +288,22 @@ def test_a_flag_where_a_megatron_value_belongs_is_a_problem(tmp_path, capsys):
     (tmp_path / "m_args.txt").write_text("--tokenizer-model\n-foo\n--lr\n-0.5\n")
     code, out, _ = run_cli(["validate", "--static", str(tmp_path / "m_args.txt")], capsys)
     assert code == 2 and "the value '-foo' starts with '-'" in out and "'-0.5' starts" not in out
+
+
+@pytest.mark.parametrize("command", ["compare", "calibrate"])
+@pytest.mark.parametrize("value, message", [(math.nan, "nan is not a finite number"),
+                                            (1e308, "1e+308 is not a finite number below 1e+30"),
+                                            ("x", "must be a number, got 'x'"), (True, "must be a number, got True")])
+def test_a_damaged_plan_json_exit_2_naming_the_field(tmp_path, capsys, trained, command, value, message):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained["a"], run)
+    plan = json.loads((run / "plan.json").read_text())
+    plan["chosen"]["step_time_s"] = value
+    plan["chosen"]["memory"] = [1]
+    (run / "plan.json").write_text(json.dumps(plan))
+    extra = ["-o", str(tmp_path / "calib.json")] if command == "calibrate" else []
+    code, out, err = run_cli([command, str(run), "--json", *extra], capsys)
+    assert code == 2 and out == "" and f"{run}: plan.json: chosen.step_time_s: {message}" in err, err
+    assert f"{run}: plan.json: chosen.memory: must be an object, got [1]" in err
