@@ -46,7 +46,7 @@ MAX_SEED = 2 ** 32 - 1             # numpy's seed range (torch's is wider)
 MAX_SLURM_SIGNAL_S = 65535         # sbatch --signal: sig_time must lie in 0..65535
 SLURM_TIME_PATTERN = r"([0-9]{1,3}-([01]?[0-9]|2[0-3])|[0-9]{1,3}):[0-5][0-9]:[0-5][0-9]"  # ASCII digits only
 WANDB_NAME_PATTERN = r"[^/\\#?%:]{1,128}"   # W&B refuses these characters in project and entity names
-WANDB_TAG_PATTERN = r".{1,64}"              # wandb.init refuses an empty tag or one over 64 characters
+WANDB_TAG_PATTERN = r"^.{1,64}$"            # wandb.init refuses an empty tag or one over 64 characters
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 Recompute = Literal["none", "selective", "full"]
