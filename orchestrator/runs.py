@@ -250,7 +250,8 @@ def _shown(value) -> str:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float, not a bool (an int of any size: math.isfinite would overflow converting it)."""
+    return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
 
 
 def finish_records(source: str, where: str, builder: RecordsBuilder) -> Records:

@@ -193,7 +193,7 @@ def _in_range(key: str, value: Any) -> bool:
     if value is None:
         return key in ("matmul_efficiency", "attention_efficiency", "intra_node_bandwidth_GBps",
                        "inter_node_bandwidth_GBps")
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if not isinstance(value, (int, float)) or isinstance(value, float) and not math.isfinite(value) or value < 0:
         return False
     for ending, lo, hi in _BOUNDS:
         if key.endswith(ending):

@@ -146,6 +146,7 @@ BAD_RECORDS = [
     ("bool", {"moe_aux_loss": True}, "moe_aux_loss must be a number, got True"),
     ("huge-step", {"step": 10**30}, "step must be an integer in [1, "),
     ("negative-rate", {"tokens_per_s": -5.0}, "tokens_per_s must be in [0, 1e+15]"),
+    ("huge-int", {"step_time_s": 10**400}, "step_time_s must be in"),      # found by the property test
 ]
 
 
