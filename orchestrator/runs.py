@@ -269,6 +269,9 @@ def _wandb_files_in(source: str, directory: Path) -> list[Path]:
     runs when they are ONE run (a resumed job starts a new offline-run-* of the same run id each time),
     oldest first. Empty when there is none."""
     files = sorted(directory.glob("run-*.wandb"))
+    odd = [f for f in [*files, *directory.glob("offline-run-*/run-*.wandb")] if not f.is_file()]
+    if odd:      # wandb's reader would block on a FIFO, or read a device forever
+        raise SpecError(Problem(str(odd[0]), "not a regular file", "pass a .wandb file that W&B wrote"))
     if len(files) > 1:
         raise SpecError(Problem(source, f"{len(files)} run-*.wandb files in one directory",
                                 "pass one of them: " + ", ".join(str(f) for f in files)))

@@ -308,3 +308,11 @@ def test_a_damaged_plan_json_exit_2_naming_the_field(tmp_path, capsys, trained, 
     code, out, err = run_cli([command, str(run), "--json", *extra], capsys)
     assert code == 2 and out == "" and f"{run}: plan.json: chosen.step_time_s: {message}" in err, err
     assert f"{run}: plan.json: chosen.memory: must be an object, got [1]" in err
+
+
+def test_a_wandb_log_that_is_a_fifo_is_refused_without_reading(tmp_path, capsys):
+    offline = tmp_path / "wandb" / "offline-run-20260101_000000-abc"
+    offline.mkdir(parents=True)
+    os.mkfifo(offline / "run-abc.wandb")      # wandb's reader would wait for a writer
+    code, _, err = run_cli(["compare", str(tmp_path / "wandb")], capsys)
+    assert code == 2 and f"{offline / 'run-abc.wandb'}: not a regular file" in err
