@@ -50,7 +50,8 @@ def open_regular(path: str | Path, missing_hint: str = ""):
         raise
 
 
-def read_user_bytes(path: str | Path, limit_bytes: int = MAX_FILE_BYTES, missing_hint: str = "") -> bytes:
+def read_user_bytes(path: str | Path, limit_bytes: int = MAX_FILE_BYTES, missing_hint: str = "",
+                    too_big_hint: str = "check that this is the right file") -> bytes:
     """The bytes of a regular user file (:func:`open_regular`), refused above ``limit_bytes``."""
     with open_regular(path, missing_hint) as f:
         try:
@@ -58,18 +59,15 @@ def read_user_bytes(path: str | Path, limit_bytes: int = MAX_FILE_BYTES, missing
         except OSError as e:
             raise SpecError(Problem(str(path), f"cannot read: {e.strerror or e.__class__.__name__}")) from None
     if len(data) > limit_bytes:
-        raise SpecError(Problem(str(path), f"larger than {limit_bytes} bytes",
-                                "check that this is the right file"))
+        raise SpecError(Problem(str(path), f"larger than {limit_bytes} bytes", too_big_hint))
     return data
 
 
 def read_user_text(path: str | Path, limit_bytes: int = MAX_FILE_BYTES) -> str:
     """The UTF-8 text of a user file, refused above ``limit_bytes``."""
     path = Path(path)
-    data = read_user_bytes(path, limit_bytes + 1)
-    if len(data) > limit_bytes:
-        raise SpecError(Problem(str(path), f"larger than {limit_bytes} bytes", "a spec or config is a few KiB: "
-                                "check that this is the right file"))
+    data = read_user_bytes(path, limit_bytes, too_big_hint="a spec or config is a few KiB: check that this is "
+                           "the right file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
