@@ -20,7 +20,7 @@ from .errors import Problem, SpecError, raise_if
 from .estimate.cost import CostModel
 from .layout import Layout
 from .runs import MeasuredRun, load_runs
-from .spec import Spec
+from .spec import Spec, spec_to_data
 
 CALIBRATION_VERSION = 1
 QUANTITIES = ("compute_s", "dp_reduction_s", "step_time_s")
@@ -301,7 +301,7 @@ def identified_fit(observations: list[Observation], base: CostModel) -> tuple[li
     dropping the last terms of :func:`fit_terms` first; then drop any rate or efficiency that ran to the edge
     of its range (the runs did not determine it) and fit again. Returns terms, values and warnings."""
     terms = fit_terms(observations, base)
-    measured = sum(1 for o in observations for key in QUANTITIES if o.measured[key])
+    measured = distinct_measured(observations)
     warnings = [f"{t.name} not fitted (kept the default): {measured} measured value(s) leave no check on "
                 f"{len(terms)} terms; add runs of other layouts" for t in terms[max(1, measured - 1):]]
     terms = terms[:max(1, measured - 1)]
@@ -314,6 +314,18 @@ def identified_fit(observations: list[Observation], base: CostModel) -> tuple[li
         warnings += [f"{terms[i].name} not fitted (kept the default): the fit ran to the edge of its range "
                      f"({values[i]:.3g}), so these runs do not determine it" for i in edge]
         terms = [t for i, t in enumerate(terms) if i not in edge]
+
+
+def distinct_measured(observations: list[Observation]) -> int:
+    """How many measured values the runs give the fit: per distinct experiment (what the cost model sees:
+    the spec but its name, tracking and launch, and the layout), the most any of its runs measured. The same
+    run given twice, or one layout trained again, repeats a measurement: it determines no further term."""
+    most: dict[str, int] = {}
+    for o in observations:
+        data = {k: v for k, v in spec_to_data(o.spec).items() if k not in ("name", "tracking", "launch")}
+        key = json.dumps([data, repr(o.layout)], sort_keys=True, default=str)
+        most[key] = max(most.get(key, 0), sum(1 for q in QUANTITIES if o.measured[q]))
+    return sum(most.values())
 
 
 def _fitted_fields(terms: list[Term]) -> list[str]:
@@ -337,7 +349,7 @@ def write_calibration(cal: Calibration, path: str | Path, *, force: bool = False
     out = Path(path)
     if not out.parent.is_dir():
         raise SpecError(Problem(str(out), f"directory {out.parent} does not exist", "create it first"))
-    return write_output_file(out, json.dumps(cal.to_dict(), sort_keys=True, indent=2) + "\n", force=force,
+    return write_output_file(out, json.dumps(cal.to_dict(), sort_keys=True, indent=2, allow_nan=False) + "\n", force=force,
                              option="--output")
 
 
@@ -357,31 +369,27 @@ class CalibrationFile:
 
 
 def spec_mismatches(recorded: dict, spec: Spec, where: str, what: str, fix: str) -> list[Problem]:
-    """A Problem for the GPU and the precision when ``recorded`` (what a file was made on) names another than
-    the spec's; ``what`` is a format with one ``{!r}`` for the recorded value ("fitted on {!r} runs")."""
+    """A Problem for the GPU, the GPUs per node (intra-node bandwidth and placement depend on it) and the
+    precision when ``recorded`` (what a file was made on) names another than the spec's; ``what`` is a format
+    with one ``{!r}`` for the recorded value ("fitted on {!r} runs")."""
     problems = []
     for key, field, have in (("gpu", "cluster.gpu", spec.cluster.gpu),
+                             ("gpus_per_node", "cluster.gpus_per_node", spec.cluster.gpus_per_node),
                              ("precision", "training.precision", spec.training.precision)):
         want = recorded.get(key)
         if want is not None and want != have:
-            problems.append(Problem(f"{where}.{key}", f"{what.format(want)}, but the spec's {field} is {have!r}", fix))
+            made = f"made with {want!r} GPUs per node" if key == "gpus_per_node" else what.format(want)
+            problems.append(Problem(f"{where}.{key}", f"{made}, but the spec's {field} is {have!r}", fix))
     return problems
 
 
 def read_json(path: str | Path, write_hint: str):
-    """A JSON file's content, or SpecError naming the file (and line:col) and what is wrong with it;
-    ``write_hint`` says how to write the file when it is missing."""
-    where = str(path)
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SpecError(Problem(where, "no such file", write_hint)) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(Problem(where, f"cannot read: {e.__class__.__name__}")) from None
-    except json.JSONDecodeError as e:
-        raise SpecError(Problem(f"{where}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}")) from None
-    except (RecursionError, ValueError) as e:     # nesting too deep, an integer over Python's digit limit
-        raise SpecError(Problem(where, f"invalid JSON: {e.__class__.__name__}: {str(e)[:120]}")) from None
+    """A JSON file of measured numbers, or SpecError naming the file (and line:col or field) and what is
+    wrong: missing (``write_hint`` says how to write it), not a regular file, over 16 MiB, not JSON, or
+    holding NaN, Infinity or numbers no float can hold (:func:`orchestrator.userfiles.read_number_json`)."""
+    from .userfiles import read_number_json  # noqa: PLC0415
+
+    return read_number_json(path, write_hint)
 
 
 def load_calibration(path: str | Path) -> CalibrationFile:
@@ -429,6 +437,9 @@ def calibration_problems(data, where: str) -> list[Problem]:
                      for k in cluster if k not in CLUSTER_KEYS]
         problems += [Problem(f"{where}: cluster.{k}", f"must be a string, got {cluster[k]!r}")
                      for k in ("gpu", "precision") if k in cluster and not isinstance(cluster[k], str)]
+        per_node = cluster.get("gpus_per_node")
+        if per_node is not None and (isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1):
+            problems.append(Problem(f"{where}: cluster.gpus_per_node", f"must be an integer >= 1, got {per_node!r}"))
     if not isinstance(data.get("fit", {}), dict):
         problems.append(Problem(f"{where}: fit", "must be an object"))
     return problems

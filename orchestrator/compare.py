@@ -13,6 +13,7 @@ from .runs import MeasuredRun, load_runs
 from .spec import spec_to_data
 
 WARMUP_STEPS = 3
+TIE_FLOOR = 0.01       # runs within 1% tie whatever their noise (a shared machine's drift between runs)
 P90 = 90.0
 MEDIAN_KEYS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "allreduce_time_s",
                "allreduce_overhead", "comm_exposed_s")
@@ -77,8 +78,12 @@ def step_breakdown(record: dict) -> dict:
 
 def measured_breakdown(records, warmup: int) -> dict:
     """Means of :func:`step_breakdown` over records[warmup:] (they add up to the mean step time)."""
-    kept = [step_breakdown(r) for r in records[warmup:]]
-    return {key: sum(b[key] for b in kept) / len(kept) for key in COMPONENTS}
+    sums, n = dict.fromkeys(COMPONENTS, 0.0), 0
+    for record in records[warmup:]:          # summed as they come: a long run holds no list of dicts
+        n += 1
+        for key, value in step_breakdown(record).items():
+            sums[key] += value
+    return {key: total / n for key, total in sums.items()}
 
 
 def predicted_breakdown(chosen: dict) -> dict:
@@ -233,11 +238,40 @@ def pick_winner(runs: list[RunComparison]) -> dict:
     if len(runs) == 1:
         return result
     second = ranked[1]
+    noise = tie_margin(best, second)
+    speedup = _ratio(rate(best, criterion), rate(second, criterion))
+    if speedup is not None and speedup - 1 <= noise:
+        return tie(best, second, criterion, speedup, noise)
     reason = main_reason(best, second, criterion)
     result.update(runner_up=second.label, speedup=_ratio(rate(best, criterion), rate(second, criterion)),
                   reason=reason)
     result["explanation"] = explain(best, second, criterion, reason, result["speedup"])
     return result
+
+
+def rate_noise(run: RunComparison) -> float:
+    """The relative standard error of the run's median tokens/s over its measured steps: 1.2533 sigma /
+    sqrt(n) / median, sigma estimated robustly from the interquartile range (IQR / 1.349)."""
+    values = run.records[run.warmup:].column("tokens_per_s")
+    mid = median(values)
+    if len(values) < 2 or mid <= 0:
+        return 0.0
+    sigma = (percentile(values, 75.0) - percentile(values, 25.0)) / 1.349
+    return 1.2533 * sigma / math.sqrt(len(values)) / mid
+
+
+def tie_margin(a: RunComparison, b: RunComparison) -> float:
+    """How much faster one run must be to win: twice the combined noise of the two medians (about 95%
+    confidence), and at least :data:`TIE_FLOOR`."""
+    return max(TIE_FLOOR, 2.0 * math.hypot(rate_noise(a), rate_noise(b)))
+
+
+def tie(best: RunComparison, second: RunComparison, criterion: str, speedup: float, noise: float) -> dict:
+    """The winner record when the two fastest runs are within the measured noise: none."""
+    return {"label": None, "index": None, "criterion": criterion, "value": None, "runner_up": None,
+            "speedup": speedup, "reason": None, "tie": [best.label, second.label], "tie_margin": noise,
+            "explanation": f"no winner: {best.label} and {second.label} tie ({speedup:.3f}x the "
+                           f"{RATE_NAMES[criterion]}, within the measured noise of +-{100 * noise:.1f}%)"}
 
 
 def no_winner(runs: list[RunComparison]) -> dict:

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import os
+import re
+import tempfile
+from pathlib import Path
 
 from .catalog.gpus import GPUS
 from .catalog.models import MODELS, preset_fields
+from .errors import Problem, SpecError
 from .resources import data_dir
-from .spec import default_engine, default_host_memory_GiB
+from .spec import NAME_PATTERN, default_engine, default_host_memory_GiB
 
 
 def list_presets() -> str:
@@ -18,11 +22,20 @@ def list_presets() -> str:
     return "Model presets:\n  " + "\n  ".join(rows) + "\n\nGPUs:\n  " + "\n  ".join(gpus)
 
 
+def check_name(name: str | None) -> None:
+    """SpecError naming --name unless it follows the spec's name rule (it goes into YAML and file names)."""
+    if name is not None and (not re.fullmatch(NAME_PATTERN, name) or name.startswith("-")):
+        raise SpecError(Problem("--name", f"{name[:80]!r} is not a run name",
+                                f"use 1-64 letters, digits, '.', '_' or '-', not starting with '-': the spec's name rule "
+                                f"{NAME_PATTERN}"))
+
+
 def render_starter_spec(*, preset: str, gpu: str | None, num_nodes: int, gpus_per_node: int | None,
                         name: str | None, file_name: str) -> str:
     """A commented spec for ``preset``; raises SpecError if the result would not load."""
     import jinja2  # noqa: PLC0415
 
+    check_name(name)
     tiny = preset == "tiny-gpt"
     gpu = gpu or ("cpu" if tiny else "h100-sxm")
     gpus_per_node = gpus_per_node or (2 if gpu == "cpu" else 8)

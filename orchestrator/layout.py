@@ -382,6 +382,12 @@ def rule_pdsh_hosts(spec: Spec, lay: Layout) -> Problem | None:
         if not HOST_PATTERN.fullmatch(host):
             return Problem(f"launch.pdsh.hosts[{i}]", f"{host!r} is not a host name",
                            "use letters, digits, '.', '_' and '-' (not starting with '-')")
+    seen: dict[str, int] = {}
+    for i, host in enumerate(hosts):
+        if host.lower() in seen:      # host names are case-insensitive
+            return Problem(f"launch.pdsh.hosts[{i}]", f"{host!r} is listed twice (also hosts[{seen[host.lower()]}]):"
+                           " pdsh would start two nodes' ranks on one host", "list each node's host once")
+        seen[host.lower()] = i
     if spec.launch.backend == "pdsh" and len(hosts) != spec.cluster.num_nodes:
         return pdsh_host_count_problem(spec)
     return None

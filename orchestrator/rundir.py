@@ -34,8 +34,13 @@ PICTURES = ("plan.png",)
 
 
 def dump_json(data) -> str:
-    """JSON as every orch file writes it: sorted keys, indent 2, trailing newline."""
-    return json.dumps(data, sort_keys=True, indent=2) + "\n"
+    """JSON as every orch file writes it: sorted keys, indent 2, trailing newline; never NaN or Infinity
+    (OrchError, exit 1: the inputs are checked, so one would be a bug)."""
+    try:
+        return json.dumps(data, sort_keys=True, indent=2, allow_nan=False) + "\n"
+    except ValueError as e:      # NaN or Infinity: never written, so no file claims "nan s/step"
+        raise OrchError(f"refusing to write a non-finite number into a generated file ({e}); please report "
+                        "this with the spec and the --measured / --calibration files") from None
 
 
 def render_spec_yaml(spec: Spec, header: str) -> str:

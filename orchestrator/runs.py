@@ -31,8 +31,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import OrchError, Problem, SpecError
+from .errors import OrchError, Problem, SpecError, raise_if
 from .layout import Layout, require_complete
+from .records import KEPT_KEYS, Records, RecordsBuilder
 from .spec import SPEC_VERSION, Spec
 from .spec_loader import parse_spec
 from .telemetry.sinks import METRICS_FILE, parse_record
@@ -44,6 +45,8 @@ WANDB_URL = re.compile(r"^https?://[^/]+/([\w.-]+)/([\w.-]+)/runs/([\w.-]+)/?(?:
 REQUIRED_NUMBERS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "allreduce_time_s",
                     "allreduce_overhead", "comm_exposed_s", "mem_peak_bytes")
 MAX_PROBLEMS_PER_FILE = 5
+MAX_LINE_BYTES = 1 << 20       # one metrics record is under 1 KiB
+MAX_STEP = 10**12
 INSPECT_TIMEOUT_S = 120
 
 
@@ -55,7 +58,7 @@ class MeasuredRun:
     kind: str                # "run_dir" | "wandb_offline" | "wandb_online"
     spec: Spec
     chosen: dict             # plan.json's chosen LAYOUT record, with the cost model's estimates
-    records: tuple           # metrics records (dicts), one per step, sorted by step
+    records: Records         # metrics records (read-only mappings), one per step, sorted by step
 
     @property
     def layout(self) -> Layout:
@@ -125,9 +128,10 @@ def _from_run_dir(source: str, root: Path) -> MeasuredRun:
                          for p in e.problems]) from None
     except OrchError as e:      # a run dir file that is not valid JSON/YAML: bad input, not a failure
         raise SpecError(Problem(source, str(e))) from None
+    raise_if(chosen_problems(run_dir.chosen, f"{source}: plan.json: chosen"))
     records = read_records(source, root / METRICS_FILE)
     return MeasuredRun(source=source, kind="run_dir", spec=run_dir.spec, chosen=run_dir.chosen,
-                       records=tuple(records))
+                       records=records)
 
 
 def _spec_version_of(source: str, root: Path):
@@ -150,58 +154,113 @@ def check_spec_version(version, source: str, where: str) -> None:
                                 "one (`orch generate SPEC -o DIR`) and train it again"))
 
 
-def read_records(source: str, path: Path) -> list[dict]:
-    """metrics.jsonl as records sorted by step (a torn last line from a killed job is skipped; a step
-    written twice keeps its last record). SpecError when the file is missing, empty or malformed."""
+def read_records(source: str, path: Path) -> Records:
+    """metrics.jsonl as records sorted by step, read as a stream (a torn last line from a killed job is
+    skipped; a step written twice keeps its last record). SpecError when the file is missing, not a regular
+    file, empty or malformed."""
+    from .userfiles import open_regular  # noqa: PLC0415
+
     if not path.is_file():
         raise SpecError(Problem(f"{source}: {METRICS_FILE}", "no metrics: the run has not been trained",
                                 f"train it first: orch launch {source} --wait"))
-    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
-    records, problems = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        record = parse_record(line)
-        if record is None:
-            if number < len(lines):
-                problems.append(Problem(f"{path}:{number}", "not a JSON record (one JSON object per line)"))
-            continue
-        problems.extend(Problem(f"{path}:{number}", message) for message in record_problems(record))
-        records.append(record)
+    builder, problems, torn = RecordsBuilder(), [], None
+    with open_regular(path) as f:
+        for number, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if torn is not None:       # a bad line that turned out not to be the last one
+                problems.append(torn)
+                torn = None
+            if len(line) > MAX_LINE_BYTES:
+                problems.append(Problem(f"{path}:{number}", f"a line longer than {MAX_LINE_BYTES} bytes"))
+                while line and not line.endswith(b"\n"):
+                    line = f.readline(MAX_LINE_BYTES + 1)
+                continue
+            if not line.strip():
+                continue
+            record = parse_record(line)
+            if record is None:
+                torn = Problem(f"{path}:{number}", "not a JSON record (one JSON object per line)")
+                continue
+            issues = record_problems(record)
+            problems.extend(Problem(f"{path}:{number}", message) for message in issues)
+            if not issues and not problems:
+                builder.add(record)
     if problems:
         more = len(problems) - MAX_PROBLEMS_PER_FILE
         shown = problems[:MAX_PROBLEMS_PER_FILE]
         if more > 0:
             shown.append(Problem(str(path), f"... and {more} more problem(s)"))
         raise SpecError(shown)
-    return finish_records(source, str(path), records)
+    return finish_records(source, str(path), builder)
+
+
+# key -> (lowest, highest) a metrics record's value may take; the first rule whose name ending matches
+# counts. Far outside any real run, tight enough that medians, ratios and logs of them stay finite.
+RECORD_BOUNDS = (("step_time_s", 1e-9, 1e6), ("_per_s", 0.0, 1e15), ("_s", 0.0, 1e6), ("_bytes", 0, 2**60),
+                 ("", 0.0, 1e15))
 
 
 def record_problems(record) -> list[str]:
-    """What makes a metrics record unusable (empty when it is fine)."""
+    """What makes a metrics record unusable (empty when it is fine): the step, every number compare and
+    calibrate read (required or optional) and its bounds."""
     if not isinstance(record, dict):
         return ["a record must be a JSON object"]
     step = record.get("step")
-    out = [] if isinstance(step, int) and not isinstance(step, bool) and step >= 1 else [
-        f"step must be an integer >= 1, got {step!r}"]
-    for key in REQUIRED_NUMBERS:
+    out = [] if isinstance(step, int) and not isinstance(step, bool) and 1 <= step <= MAX_STEP else [
+        f"step must be an integer in [1, {MAX_STEP}], got {_shown(step)}"]
+    for key in KEPT_KEYS[1:]:
         value = record.get(key)
+        if key not in REQUIRED_NUMBERS and value is None:
+            continue
+        lo, hi = next((lo, hi) for ending, lo, hi in RECORD_BOUNDS if key.endswith(ending))
         if not _is_number(value):
-            out.append(f"{key} must be a number, got {value!r}" if key in record else f"{key} is missing")
+            out.append(f"{key} must be a number, got {_shown(value)}" if key in record else f"{key} is missing")
+        elif not lo <= value <= hi:
+            out.append(f"{key} must be in [{lo:g}, {hi:g}], got {value!r}")
     return out
 
 
+MAX_ESTIMATE = 1e30                   # no estimate is that large (a 175B run's FLOPs per step are ~1e18)
+NUMBER_ENDINGS = ("_s", "_bytes", "_fraction", "_flops", "mfu", "tflops_per_gpu", "_overhead")
+BLOCKS = ("breakdown", "memory", "comm")
+
+
+def chosen_problems(chosen: dict, where: str) -> list[Problem]:
+    """plan.json's chosen record as compare and calibrate read it: its breakdown, memory and comm blocks
+    objects, every number finite and below MAX_ESTIMATE, and a number (not true/false, not text) wherever
+    a key names a time, a size, a rate or a fraction. Empty when it is fine."""
+    hint = "plan.json was edited or damaged: re-generate the run dir with `orch generate`"
+    problems = [Problem(f"{where}.{key}", f"must be an object, got {_shown(chosen[key])}", hint)
+                for key in BLOCKS if chosen.get(key) is not None and not isinstance(chosen[key], dict)]
+    stack = [(value, f"{where}.{key}", str(key)) for key, value in chosen.items()]
+    while stack and len(problems) < MAX_PROBLEMS_PER_FILE:
+        value, at, key = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((v, f"{at}.{k}", str(k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{at}[{i}]", key) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value) or _is_number(value) and abs(value) > MAX_ESTIMATE:
+            problems.append(Problem(at, f"{_shown(value)} is not a finite number below {MAX_ESTIMATE:g}", hint))
+        elif key.endswith(NUMBER_ENDINGS) and value is not None and not _is_number(value):
+            problems.append(Problem(at, f"must be a number, got {_shown(value)}", hint))
+    return problems
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float, not a bool (an int of any size: math.isfinite would overflow converting it)."""
+    return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
 
 
-def finish_records(source: str, where: str, records: list[dict]) -> list[dict]:
+def finish_records(source: str, where: str, builder: RecordsBuilder) -> Records:
     """Sorted by step, each step once (the last record wins); SpecError when there is none."""
-    by_step = {r["step"]: r for r in records}
-    if not by_step:
+    if not len(builder):
         raise SpecError(Problem(f"{source}: {where}", "no metrics records (empty)",
                                 "the job wrote no step yet, or ran with --no-telemetry; train it first"))
-    return [by_step[s] for s in sorted(by_step)]
+    return builder.finish()
 
 
 # --- W&B -----------------------------------------------------------------------------------------------
@@ -211,6 +270,9 @@ def _wandb_files_in(source: str, directory: Path) -> list[Path]:
     runs when they are ONE run (a resumed job starts a new offline-run-* of the same run id each time),
     oldest first. Empty when there is none."""
     files = sorted(directory.glob("run-*.wandb"))
+    odd = [f for f in [*files, *directory.glob("offline-run-*/run-*.wandb")] if not f.is_file()]
+    if odd:      # wandb's reader would block on a FIFO, or read a device forever
+        raise SpecError(Problem(str(odd[0]), "not a regular file", "pass a .wandb file that W&B wrote"))
     if len(files) > 1:
         raise SpecError(Problem(source, f"{len(files)} run-*.wandb files in one directory",
                                 "pass one of them: " + ", ".join(str(f) for f in files)))
@@ -270,22 +332,37 @@ def _wandb_cli() -> list[str]:
 
 
 def parse_transaction_log(text: str) -> WandbRun:
-    """Config, history and summary from the JSON lines of ``wandb leet inspect --json``."""
+    """Config, history and summary from the JSON lines of ``wandb leet inspect --json`` (lines of other
+    shapes are skipped: a damaged log gives fewer rows, and the run's checks then say what is missing)."""
     config, history, summary = {}, [], {}
     for line in text.splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
+        record = _json_object(line)
         kind = record.get("type")
+        body = record.get(kind) if isinstance(kind, str) else None
+        if not isinstance(body, dict):
+            continue
         if kind == "run":
-            config.update((record["run"].get("config") or {}).get("update") or {})
+            config.update(_update_of(body.get("config")))
         elif kind == "config":
-            config.update((record["config"] or {}).get("update") or {})
-        elif kind == "history":
-            history.append(record["history"]["item"])
+            config.update(_update_of(body))
+        elif kind == "history" and isinstance(body.get("item"), dict):
+            history.append(body["item"])
         elif kind == "summary":
-            summary.update((record["summary"] or {}).get("update") or {})
+            summary.update(_update_of(body))
     return WandbRun(config=config, history=history, summary=summary)
+
+
+def _json_object(line: str) -> dict:
+    try:
+        value = json.loads(line) if line.strip() else {}
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _update_of(block) -> dict:
+    update = block.get("update") if isinstance(block, dict) else None
+    return update if isinstance(update, dict) else {}
 
 
 def _from_wandb_online(source: str, path: str) -> MeasuredRun:
@@ -327,22 +404,25 @@ def run_from_wandb(source: str, kind: str, run: WandbRun) -> MeasuredRun:
         spec = parse_spec(spec_data)
     except SpecError as e:
         raise SpecError([Problem(f"{source}: config.spec.{p.path}", p.message, p.hint) for p in e.problems]) from None
+    raise_if(chosen_problems(chosen, f"{source}: config.plan"))
     records = history_records(source, run.history)
-    return MeasuredRun(source=source, kind=kind, spec=spec, chosen=chosen, records=tuple(records))
+    return MeasuredRun(source=source, kind=kind, spec=spec, chosen=chosen, records=records)
 
 
-def history_records(source: str, history: list) -> list[dict]:
+def history_records(source: str, history: list) -> Records:
     """Metrics records from W&B history rows: wandb's own keys (``_step``, ``_runtime``...) dropped."""
-    records, problems = [], []
+    builder, problems = RecordsBuilder(), []
     for row in history:
-        record = {k: v for k, v in row.items() if not k.startswith("_")}
+        if not isinstance(row, dict):
+            continue
+        record = {k: v for k, v in row.items() if not str(k).startswith("_")}
         if "step" not in record:
             continue
         issues = record_problems(record)
         if issues:
-            problems.extend(Problem(f"{source}: history step {record.get('step')!r}", m) for m in issues)
+            problems.extend(Problem(f"{source}: history step {_shown(record.get('step'))}", m) for m in issues)
         else:
-            records.append(record)
+            builder.add(record)
     if problems:
         raise SpecError(problems[:MAX_PROBLEMS_PER_FILE])
-    return finish_records(source, "W&B history", records)
+    return finish_records(source, "W&B history", builder)

@@ -50,6 +50,7 @@ CURRENCY_PATTERN = r"[A-Z]{3}"     # ISO 4217
 WANDB_NAME_PATTERN = r"[^/\\#?%:]{1,128}"   # W&B refuses these characters in project and entity names
 _DIR_PART = r"(?!\.{1,2}(/|$))[A-Za-z0-9._+=@,-]{1,255}"      # a path component that is not . or ..
 RUN_DIR_PATH_PATTERN = rf"{_DIR_PART}(/{_DIR_PART}){{0,31}}/?"   # relative, inside the run dir: no /x, no ..
+WANDB_TAG_PATTERN = r"^.{1,64}$"            # wandb.init refuses an empty tag or one over 64 characters
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 Recompute = Literal["none", "selective", "full"]
@@ -78,9 +79,11 @@ class MoESpec:
         0, doc="leading dense layers (DeepSeek-style); every later layer is MoE", minimum=0)
     capacity_factor: Optional[float] = spec_field(
         None, doc="null: dropless (every token reaches its experts); a number: each expert takes at most "
-        "capacity_factor * tokens * topk / num_experts tokens and drops the rest", exclusive_minimum=0)
+        "capacity_factor * tokens * topk / num_experts tokens and drops the rest", minimum=0.01, maximum=1000,
+        bound_reason="below 0.01 an expert takes almost no token; above num_experts / topk nothing is dropped")
     aux_loss_coeff: float = spec_field(
-        0.01, doc="load-balancing auxiliary loss coefficient (Switch Transformer's 0.01; 0 = off)", minimum=0)
+        0.01, doc="load-balancing auxiliary loss coefficient (Switch Transformer's 0.01; 0 = off)", minimum=0,
+        maximum=1, bound_reason="published runs use 1e-4 to 1e-1; above 1 balancing outweighs the language loss")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,11 +154,14 @@ class OptimizerSpec:
     """Optimizer and its hyper-parameters."""
 
     type: Literal["adamw", "adam", "sgd"] = spec_field("adamw", doc="optimizer")
-    lr: float = spec_field(3.0e-4, doc="peak learning rate", exclusive_minimum=0)
-    weight_decay: float = spec_field(0.1, doc="decoupled weight decay", minimum=0)
+    lr: float = spec_field(3.0e-4, doc="peak learning rate", exclusive_minimum=0, maximum=10,
+                           bound_reason="LLM pre-training uses 1e-5 to 1e-2; above 10 training diverges at once")
+    weight_decay: float = spec_field(0.1, doc="decoupled weight decay", minimum=0, maximum=10,
+                                     bound_reason="typical values are 0 to 0.1")
     betas: list[float] = spec_field(default_factory=lambda: [0.9, 0.95], doc="Adam betas [beta1, beta2], each in "
                                     "[0, 1)", minimum=0, exclusive_maximum=1, min_items=2, max_items=2)
-    eps: float = spec_field(1.0e-8, doc="Adam epsilon", exclusive_minimum=0)
+    eps: float = spec_field(1.0e-8, doc="Adam epsilon", exclusive_minimum=0, maximum=1,
+                            bound_reason="typical values are 1e-8 to 1e-5")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,7 +170,8 @@ class LrScheduleSpec:
 
     warmup_iters: int = spec_field(0, doc="linear warm-up steps", minimum=0, maximum=MAX_STEPS)
     decay: Literal["cosine", "linear", "constant"] = spec_field("cosine", doc="decay after warm-up")
-    min_lr: float = spec_field(0.0, doc="learning rate at the end of decay", minimum=0)
+    min_lr: float = spec_field(0.0, doc="learning rate at the end of decay", minimum=0, maximum=10,
+                               bound_reason="at most optimizer.lr's bound")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,7 +179,7 @@ class CheckpointSpec:
     """Where (inside the run dir) and how often the training job checkpoints."""
 
     dir: str = spec_field("checkpoints", doc="checkpoint directory, inside the run dir (a relative path; symlinks "
-                          "out of the run dir are refused at launch)", pattern=RUN_DIR_PATH_PATTERN,
+                          "out of the run dir are refused at launch)", pattern=RUN_DIR_PATH_PATTERN, not_a_flag=True,
                           pattern_hint="a relative path inside the run dir such as 'checkpoints': no leading /, "
                           "no '..', only letters, digits and . _ - + = @ ,")
     interval: int = spec_field(100, doc="save every N optimizer steps", minimum=1,
@@ -194,7 +201,8 @@ class TrainingSpec:
     optimizer: OptimizerSpec = spec_field(default_factory=OptimizerSpec, doc="optimizer")
     lr_schedule: LrScheduleSpec = spec_field(default_factory=LrScheduleSpec, doc="learning-rate schedule")
     train_iters: int = spec_field(1000, doc="optimizer steps", minimum=1, maximum=MAX_STEPS)
-    gradient_clipping: float = spec_field(1.0, doc="max global gradient norm (0 = off)", minimum=0)
+    gradient_clipping: float = spec_field(1.0, doc="max global gradient norm (0 = off)", minimum=0, maximum=1e6,
+                                          bound_reason="typical values are 0.5 to 10")
     checkpoint: CheckpointSpec = spec_field(default_factory=CheckpointSpec, doc="checkpointing")
     seed: int = spec_field(1234, doc="random seed (data and initialisation)", minimum=0,
                       maximum=MAX_SEED)
@@ -207,8 +215,10 @@ class TrainingSpec:
 class DataSpec:
     """What the trainer reads. Megatron's --data-path / --tokenizer-* come from here."""
 
-    path: Optional[str] = spec_field(None, doc="dataset path prefix (Megatron indexed) or a text file")
-    tokenizer: Optional[str] = spec_field(None, doc="tokenizer name or path; null with synthetic data")
+    path: Optional[str] = spec_field(None, doc="dataset path prefix (Megatron indexed) or a text file",
+                                     not_a_flag=True)
+    tokenizer: Optional[str] = spec_field(None, doc="tokenizer name or path; null with synthetic data",
+                                          not_a_flag=True)
     synthetic: bool = spec_field(True, doc="deterministic random tokens")
 
 
@@ -312,12 +322,14 @@ class WandbSpec:
     """Weights & Biases: offline by default (no account needed), online when logged in."""
 
     project: str = spec_field("orch", doc="W&B project", pattern=WANDB_NAME_PATTERN,
-                              pattern_hint="no / \\ # ? % : (W&B refuses them)")
+                              pattern_hint="no / \\ # ? % : (W&B refuses them)", not_a_flag=True)
     entity: Optional[str] = spec_field(None, doc="W&B entity (team or user)", pattern=WANDB_NAME_PATTERN,
-                              pattern_hint="no / \\ # ? % : (W&B refuses them)")
+                              pattern_hint="no / \\ # ? % : (W&B refuses them)", not_a_flag=True)
     mode: Literal["offline", "online", "disabled"] = spec_field("offline", doc="offline | online | disabled")
     group: Optional[str] = spec_field(None, doc="run group; default the spec name")
-    tags: list[str] = spec_field(default_factory=list, doc="extra run tags")
+    tags: list[str] = spec_field(default_factory=list, doc="extra run tags, 1 to 64 characters each",
+                                 pattern=WANDB_TAG_PATTERN, pattern_hint="1 to 64 characters: W&B refuses an empty "
+                                 "tag or a longer one (at wandb.init, after the job started)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,7 +375,7 @@ class ProgramSpec:
 class Spec:
     """One training run: model, cluster, training, data, parallelism, launch and tracking."""
 
-    name: str = spec_field(doc="names the run dir, the job and the W&B run", pattern=NAME_PATTERN)
+    name: str = spec_field(doc="names the run dir, the job and the W&B run", pattern=NAME_PATTERN, not_a_flag=True)
     model: ModelSpec = spec_field(default_factory=ModelSpec, doc="model shape")
     cluster: ClusterSpec = spec_field(doc="cluster")
     training: TrainingSpec = spec_field(doc="training")

@@ -30,17 +30,20 @@ def spec_field(default: Any = MISSING, *, doc: str, minimum: float | None = None
                maximum: float | None = None, pattern: str | None = None,
                default_factory: Any = MISSING, exclusive_minimum: float | None = None,
                omit_if_none: bool = False, exclusive_maximum: float | None = None,
-               min_items: int | None = None, max_items: int | None = None, pattern_hint: str | None = None) -> Any:
+               min_items: int | None = None, max_items: int | None = None, pattern_hint: str | None = None,
+               not_a_flag: bool = False, bound_reason: str | None = None) -> Any:
     """A dataclass field with its documentation and bounds (used by parse and json_schema).
 
     ``omit_if_none``: :func:`dump` leaves the field out while it is None, so that adding an optional field
     changes neither the resolved spec nor the spec hash of specs that do not use it. On a list field the
-    bounds and pattern apply to each item; ``min_items``/``max_items`` bound its length.
+    bounds and pattern apply to each item; ``min_items``/``max_items`` bound its length. ``not_a_flag``: a
+    string that reaches a command line as an argument's value must not start with '-' (argparse would read
+    ``--mock-data`` as a flag of its own). ``bound_reason`` says why the bounds are where they are.
     """
     meta = {"doc": doc, "minimum": minimum, "maximum": maximum, "pattern": pattern,
             "exclusive_minimum": exclusive_minimum, "omit_if_none": omit_if_none,
             "exclusive_maximum": exclusive_maximum, "min_items": min_items, "max_items": max_items,
-            "pattern_hint": pattern_hint}
+            "pattern_hint": pattern_hint, "not_a_flag": not_a_flag, "bound_reason": bound_reason}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -207,18 +210,24 @@ def _parse_scalar(tp: Any, value: Any, path: str, problems: list[Problem], meta:
         problems.append(Problem(path, f"contains the control character {bad!r}",
                                 "remove it: free-form values must be one line of printable text"))
         return _INVALID
+    if tp is str and meta.get("not_a_flag") and value.startswith("-"):
+        problems.append(Problem(path, f"{value[:80]!r} starts with '-': on the command line it would be read as a "
+                                "flag, not as this value", "write it without the leading '-', or a path as ./" +
+                                value[:40]))
+        return _INVALID
+    why = f" ({meta['bound_reason']})" if meta.get("bound_reason") else ""
     if meta.get("minimum") is not None and value < meta["minimum"]:
         problems.append(Problem(path, f"{value!r} is below the minimum {meta['minimum']!r}",
-                                f"use a value >= {meta['minimum']!r}"))
+                                f"use a value >= {meta['minimum']!r}{why}"))
     if meta.get("exclusive_minimum") is not None and value <= meta["exclusive_minimum"]:
         problems.append(Problem(path, f"{value!r} must be greater than {meta['exclusive_minimum']!r}",
-                                f"use a value > {meta['exclusive_minimum']!r}"))
+                                f"use a value > {meta['exclusive_minimum']!r}{why}"))
     if meta.get("maximum") is not None and value > meta["maximum"]:
         problems.append(Problem(path, f"{value!r} is above the maximum {meta['maximum']!r}",
-                                f"use a value <= {meta['maximum']!r}"))
+                                f"use a value <= {meta['maximum']!r}{why}"))
     if meta.get("exclusive_maximum") is not None and value >= meta["exclusive_maximum"]:
         problems.append(Problem(path, f"{value!r} must be less than {meta['exclusive_maximum']!r}",
-                                f"use a value < {meta['exclusive_maximum']!r}"))
+                                f"use a value < {meta['exclusive_maximum']!r}{why}"))
     if meta.get("pattern") and not re.fullmatch(meta["pattern"], value):
         problems.append(Problem(path, f"{value!r} does not match {meta['pattern']}", meta.get("pattern_hint") or
                                 "use letters, digits, '.', '_' and '-' only (no spaces or shell syntax)"))
@@ -276,6 +285,8 @@ def _schema_bounds(prop: dict, meta: Any) -> None:
                       ("exclusive_minimum", "exclusiveMinimum"), ("exclusive_maximum", "exclusiveMaximum")):
         if meta.get(key) is not None:
             prop[name] = meta[key]
+    if meta.get("not_a_flag"):
+        prop["not"] = {"pattern": "^-"}
 
 
 def _type_schema(tp: Any) -> dict:

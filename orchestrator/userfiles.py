@@ -8,30 +8,67 @@ The limits are far above any real spec (a spec is a few KiB, a dozen levels deep
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
-from .errors import Problem, SpecError
+from .errors import Problem, SpecError, raise_if
 
 MAX_FILE_BYTES = 1 << 20        # 1 MiB: real specs and ds_configs are a few KiB
 MAX_DEPTH = 64                  # nesting of mappings/lists
 MAX_NODES = 100_000             # YAML nodes after alias expansion (an alias bomb expands to billions)
+MAX_DATA_BYTES = 16 << 20       # 16 MiB: doctor.json and calib.json are a few KiB, a run's plan.json < 1 MiB
+MAX_INT_DIGITS = 19             # a number file's integers: up to 10**19 (bytes of a cluster fit in 18 digits)
+
+
+def open_regular(path: str | Path, missing_hint: str = ""):
+    """A user file opened for reading in binary, or SpecError: missing, unreadable, or not a regular file.
+
+    It is opened with O_NONBLOCK and checked with fstat before anything is read, so a FIFO (which would
+    block until a writer comes), a device (/dev/zero reads forever) or a directory is refused at once,
+    also through a symlink."""
+    where = str(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise SpecError(Problem(where, "cannot read: no such file", missing_hint)) from None
+    except OSError as e:
+        raise SpecError(Problem(where, f"cannot read: {e.strerror or e.__class__.__name__}")) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+                    else "not a plain file")
+            raise SpecError(Problem(where, f"not a regular file ({kind})", "pass the file itself"))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_user_bytes(path: str | Path, limit_bytes: int = MAX_FILE_BYTES, missing_hint: str = "",
+                    too_big_hint: str = "check that this is the right file") -> bytes:
+    """The bytes of a regular user file (:func:`open_regular`), refused above ``limit_bytes``."""
+    with open_regular(path, missing_hint) as f:
+        try:
+            data = f.read(limit_bytes + 1)
+        except OSError as e:
+            raise SpecError(Problem(str(path), f"cannot read: {e.strerror or e.__class__.__name__}")) from None
+    if len(data) > limit_bytes:
+        raise SpecError(Problem(str(path), f"larger than {limit_bytes} bytes", too_big_hint))
+    return data
 
 
 def read_user_text(path: str | Path, limit_bytes: int = MAX_FILE_BYTES) -> str:
     """The UTF-8 text of a user file, refused above ``limit_bytes``."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit_bytes + 1)
-    except FileNotFoundError:
-        raise SpecError("cannot read: no such file", path=str(path)) from None
-    except OSError as e:
-        raise SpecError(f"cannot read: {e.__class__.__name__}", path=str(path)) from None
-    if len(data) > limit_bytes:
-        raise SpecError(Problem(str(path), f"larger than {limit_bytes} bytes", "a spec or config is a few KiB: "
-                                "check that this is the right file"))
+    data = read_user_bytes(path, limit_bytes, too_big_hint="a spec or config is a few KiB: check that this is "
+                           "the right file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -89,6 +126,63 @@ def parse_json(text: str, where: str, duplicates: list[str] | None = None) -> An
         raise SpecError([Problem(f"{where}:{key}", "duplicate key: only one value can count", "keep one of them")
                          for key in dict.fromkeys(seen_twice)])
     return data
+
+
+class _BadNumber(str):
+    """A JSON number token no finite float or sane int can hold (NaN, Infinity, 1e999, 20-digit ints)."""
+
+
+def _float_or_bad(token: str):
+    value = float(token)
+    return value if math.isfinite(value) else _BadNumber(token)
+
+
+def _int_or_bad(token: str):
+    digits = token.lstrip("-")
+    return int(token) if len(digits) <= MAX_INT_DIGITS else _BadNumber(token[:24] + ("..." if len(token) > 24 else ""))
+
+
+def bad_number_problems(data: Any, where: str) -> list[Problem]:
+    """A Problem per non-finite or huge number in data parsed by :func:`parse_number_json` (iterative)."""
+    problems, stack = [], [(data, "")]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, _BadNumber):
+            problems.append(Problem(f"{where}: {at or '(top level)'}", f"{value} is not a finite number",
+                                    "JSON has no NaN or Infinity; write a finite number, floats under 1.8e308, "
+                                    f"integers of at most {MAX_INT_DIGITS} digits"))
+        elif isinstance(value, dict):
+            stack.extend((v, f"{at}.{k}" if at else str(k)) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(value))
+    return sorted(problems, key=lambda p: p.path)
+
+
+def parse_number_json(text: str, where: str) -> Any:
+    """JSON of measured numbers (doctor.json, calib.json): :func:`parse_json`'s limits, and every NaN,
+    Infinity, float overflowing to infinity or integer over :data:`MAX_INT_DIGITS` digits refused naming
+    its field."""
+    try:
+        data = json.loads(text, parse_constant=_BadNumber, parse_float=_float_or_bad, parse_int=_int_or_bad)
+    except json.JSONDecodeError as e:
+        raise SpecError(Problem(f"{where}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}",
+                                "fix the JSON syntax at that position")) from None
+    except RecursionError:
+        raise _too_deep(where) from None
+    if nesting_depth(data) > MAX_DEPTH:
+        raise _too_deep(where)
+    raise_if(bad_number_problems(data, where))
+    return data
+
+
+def read_number_json(path: str | Path, missing_hint: str = "", limit_bytes: int = MAX_DATA_BYTES) -> Any:
+    """A regular JSON file of measured numbers, at most ``limit_bytes``, parsed by :func:`parse_number_json`."""
+    data = read_user_bytes(path, limit_bytes, missing_hint)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(Problem(str(path), f"not UTF-8 text (byte {e.start})", "is it the right file?")) from None
+    return parse_number_json(text, str(path))
 
 
 def parse_yaml(text: str, where: str) -> Any:

@@ -43,7 +43,7 @@ def command(sources, out_path: str, force: bool, warmup: int | None, as_json: bo
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
+        click.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2, allow_nan=False))
         return
     width, style = terminal_width(), use_style()
     click.echo("\n\n".join([terms_table(result, width, wide, style), runs_table(result, width, wide, style),

@@ -45,7 +45,7 @@ def command(sources, as_json: bool, plot_path: str | None, warmup: int | None, w
         render_plot(result, plot_path)
         click.echo(f"wrote {plot_path}", err=True)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2))
+        click.echo(json.dumps(result.to_dict(), sort_keys=True, indent=2, allow_nan=False))
         return
     click.echo(render_comparison(result, width=terminal_width(), wide=wide, style=use_style()))
 

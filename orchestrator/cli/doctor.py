@@ -5,6 +5,8 @@ import json
 
 import click
 
+from .options import FiniteFloatRange
+
 
 @click.command(name="doctor")
 @click.argument("run_dir", type=click.Path(file_okay=False))
@@ -13,9 +15,9 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print doctor.json's content instead of the table.")
 @click.option("--quick", is_flag=True, help="Only the preflight and a short GEMM/all-reduce (what "
                                              "`orch launch --preflight` runs).")
-@click.option("--threshold", type=click.FloatRange(0.01, 0.99), default=0.2, show_default=True,
+@click.option("--threshold", type=FiniteFloatRange(0.01, 0.99), default=0.2, show_default=True,
               help="An outlier is this fraction below the median (or the catalog figure).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=5),
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=5),
               help="Give up after this many seconds, naming the nodes that did not report "
                    "[default: 180, --quick 90].")
 @click.option("--allow-modified", is_flag=True,
@@ -38,7 +40,7 @@ def command(run_dir, backend, as_json, quick, threshold, timeout_s, allow_modifi
                             timeout_s=timeout_s, allow_modified=allow_modified)
     report = run_doctor(run_dir, options, note=lambda line: click.echo(line, err=True))
     if as_json:
-        click.echo(json.dumps(report, sort_keys=True, indent=2))
+        click.echo(json.dumps(report, sort_keys=True, indent=2, allow_nan=False))
     else:
         click.echo(render_text(report))
     if not report["healthy"]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from .options import FiniteFloatRange
+
 
 @click.command(name="launch")
 @click.argument("run_dir", type=click.Path(file_okay=False))
@@ -11,13 +13,13 @@ import click
 @click.option("--dry-run", is_flag=True, help="Print the exact command and environment; run nothing.")
 @click.option("--wait", is_flag=True,
               help="Stream one progress line per step; exit with the job's code (a failed rank's own code).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+@click.option("--timeout", "timeout_s", type=FiniteFloatRange(min=0, min_open=True),
               help="With --wait: give up (and cancel the job) after this many seconds (> 0).")
 @click.option("--allow-modified", is_flag=True,
               help="Run even though generated files differ from manifest.json (logged in logs/overrides.log).")
 @click.option("--preflight", is_flag=True,
               help="First run `orch doctor --quick` on the job's nodes; refuse to start when a node fails it.")
-@click.option("--preflight-timeout", "preflight_timeout_s", type=click.FloatRange(min=5),
+@click.option("--preflight-timeout", "preflight_timeout_s", type=FiniteFloatRange(min=5),
               help="With --preflight: give up after this many seconds, naming the nodes that did not report "
                    "[default: 90].")
 def command(run_dir, backend, dry_run, wait, timeout_s, allow_modified, preflight, preflight_timeout_s) -> None:

@@ -54,7 +54,7 @@ def command(spec_path: str, top_k: int, as_json: bool, wide: bool, calibration_p
         click.echo(f"wrote {plot_path}", err=True)
     if as_json:
         click.echo(json.dumps({**result.to_dict(), **({"measured": measured} if measured else {})},
-                              sort_keys=True, indent=2))
+                              sort_keys=True, indent=2, allow_nan=False))
         for line in result.warnings:   # stdout stays the documented JSON; people read stderr
             click.echo(line, err=True)
         return

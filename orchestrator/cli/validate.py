@@ -38,7 +38,7 @@ def check_paths(paths, world_size, model_parallel_size, static_only) -> tuple[li
     from ..validate.prefetch import prefetch_deep_checks
 
     problems, notes = [], []
-    deep = [p for p in paths if not static_only and Path(p).exists() and detect_kind(Path(p)) != "spec"]
+    deep = [p for p in paths if not static_only and _kind(p) not in ("spec", None)]
     if deep:
         click.echo(f"asking DeepSpeed's and Megatron-Core's own config classes about {plural(len(deep), 'path')} "
                    "(one process each, ~5-15 s) ...", err=True)
@@ -49,6 +49,16 @@ def check_paths(paths, world_size, model_parallel_size, static_only) -> tuple[li
         problems += validate_path(path, world_size=world_size, model_parallel_size=model_parallel_size,
                                   deep=not static_only, notes=notes)
     return problems, notes
+
+
+def _kind(path: str) -> str | None:
+    """detect_kind, None for a path that does not exist or cannot be read (validate_path reports it)."""
+    from ..validate import detect_kind
+
+    try:
+        return detect_kind(Path(path)) if Path(path).exists() else None
+    except OSError:
+        return None
 
 
 def _report(problems, paths, as_json: bool) -> None:

@@ -22,6 +22,11 @@ from .report import DOCTOR_VERSION
 # doctor.json measured.<name> -> the CostModel field it sets
 FIGURES = {"intra_node_bandwidth_GBps": "intra_node_bandwidth_GBps",
            "inter_node_bandwidth_GBps": "inter_node_bandwidth_GBps"}
+# measured.<name> -> (lowest, highest) a measurement can be: far outside any real cluster (NVLink 5 is
+# 900 GB/s, a GEMM on one GPU under 10 PFLOP/s) yet tight enough that the cost model's sums stay finite.
+BOUNDS = {"intra_node_bandwidth_GBps": (1e-6, 1e5), "inter_node_bandwidth_GBps": (1e-6, 1e5),
+          "allreduce_latency_s": (1e-9, 60.0), "gemm_flops": (1e3, 1e18)}
+MAX_RANKS = 10**7
 
 
 def load_doctor(path: str | Path) -> dict:
@@ -32,14 +37,51 @@ def load_doctor(path: str | Path) -> dict:
             not isinstance(data.get("measured"), dict):
         raise SpecError(Problem(where, f"not a doctor.json of version {DOCTOR_VERSION} (no measured figures)",
                                 "re-run `orch doctor RUN_DIR` with this orch"))
+    raise_if(figure_problems(data["measured"], where) + spec_block_problems(data.get("spec"), where))
     return data
+
+
+def figure_problems(measured: dict, where: str) -> list[Problem]:
+    """A Problem per measured figure that is not a number in its :data:`BOUNDS` (null: not measured)."""
+    problems = []
+    for name, (lo, hi) in BOUNDS.items():
+        value = measured.get(name)
+        if value is None:
+            continue
+        if not _number(value) or not lo <= value <= hi:
+            problems.append(Problem(f"{where}: measured.{name}", f"{value!r} is not a number in [{lo:g}, {hi:g}]",
+                                    "re-measure with `orch doctor RUN_DIR`; the file was edited or is damaged"))
+    ranks = measured.get("allreduce_latency_ranks")
+    if ranks is not None and (not _number(ranks) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS):
+        problems.append(Problem(f"{where}: measured.allreduce_latency_ranks",
+                                f"{ranks!r} is not an integer in [1, {MAX_RANKS}]", "re-measure with `orch doctor`"))
+    return problems
+
+
+def spec_block_problems(block, where: str) -> list[Problem]:
+    """doctor.json's ``spec`` (what it measured) must be an object with a string gpu and an integer
+    gpus_per_node when present."""
+    if block is None:
+        return []
+    if not isinstance(block, dict):
+        return [Problem(f"{where}: spec", f"must be an object, got {type(block).__name__}")]
+    problems = [Problem(f"{where}: spec.{k}", f"must be a string, got {block[k]!r}")
+                for k in ("gpu", "precision") if block.get(k) is not None and not isinstance(block[k], str)]
+    per_node = block.get("gpus_per_node")
+    if per_node is not None and (not _number(per_node) or not isinstance(per_node, int) or per_node < 1):
+        problems.append(Problem(f"{where}: spec.gpus_per_node", f"must be an integer >= 1, got {per_node!r}"))
+    return problems
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def per_hop_latency_s(measured: dict) -> float | None:
     """The cost model's gloo latency per ring hop from an 8-byte all-reduce over n ranks: the model charges
     1 + 2(n-1) hops for it (estimate/comm.py), so the measured time is split over as many."""
     lat, n = measured.get("allreduce_latency_s"), measured.get("allreduce_latency_ranks")
-    if not isinstance(lat, (int, float)) or not isinstance(n, int) or lat <= 0 or n < 2:
+    if not _number(lat) or not _number(n) or not isinstance(n, int) or lat <= 0 or n < 2:
         return None
     return float(lat) / (1 + 2 * (n - 1))
 
@@ -54,7 +96,7 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
     measured, terms, figures = data["measured"], {}, {}
     for name, field in FIGURES.items():
         value = measured.get(name)
-        if isinstance(value, (int, float)) and value > 0:
+        if _number(value) and value > 0:
             terms[field] = float(value)
             figures[field] = {"value": float(value), "from": f"measured.{name}"}
     hop = per_hop_latency_s(measured)
@@ -64,7 +106,7 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
                                            "allreduce_latency_s": measured["allreduce_latency_s"],
                                            "ranks": measured["allreduce_latency_ranks"]}
     gemm = measured.get("gemm_flops")
-    if isinstance(gemm, (int, float)) and gemm > 0:
+    if _number(gemm) and gemm > 0:
         peak = GPUS[spec.cluster.gpu].peak_for(spec.training.precision)
         terms["matmul_efficiency"] = min(1.0, gemm / peak)
         figures["matmul_efficiency"] = {"value": terms["matmul_efficiency"], "from": "measured.gemm_flops",

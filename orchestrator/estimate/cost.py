@@ -11,6 +11,7 @@ and writes them as JSON; :meth:`CostModel.from_dict` reads that back (unknown ke
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -177,7 +178,13 @@ class CostModel:
 
 
 _FRACTIONS = ("_efficiency", "_overlap", "fragmentation", "hbm_headroom", "gpu_speed_spread")
-_RANGE_HINT = "efficiencies are in (0, 1], overlaps, spreads and fractions in [0, 1], everything else >= 0"
+# Bounds far outside any real cluster that keep the cost model's sums finite (1e-300 efficiency or 1e308 s
+# per kernel would make every step time infinite): (name ending, lowest, highest), the first match counts.
+_BOUNDS = (("_efficiency", 1e-4, 1.0), ("_per_s", 1.0, 1e18), ("_s", 0.0, 60.0), ("_GBps", 1e-6, 1e5),
+           ("_bytes", 0, 2**50), ("_bytes_per_group", 0, 2**50), ("comm_channels", 1, 1024))
+_RANGE_HINT = ("efficiencies are in [1e-4, 1]; overlaps, spreads and fractions in [0, 1]; times per operation in "
+               "[0, 60] s; bandwidths in [1e-6, 1e5] GB/s; rates in [1, 1e18] per s; byte counts in [0, 2**50]; "
+               "comm_channels in [1, 1024]")
 
 
 def _in_range(key: str, value: Any) -> bool:
@@ -186,8 +193,9 @@ def _in_range(key: str, value: Any) -> bool:
     if value is None:
         return key in ("matmul_efficiency", "attention_efficiency", "intra_node_bandwidth_GBps",
                        "inter_node_bandwidth_GBps")
-    if not isinstance(value, (int, float)) or value < 0:
+    if not isinstance(value, (int, float)) or isinstance(value, float) and not math.isfinite(value) or value < 0:
         return False
-    if key.endswith("_efficiency"):
-        return 0 < value <= 1
-    return value <= 1 if key.endswith(_FRACTIONS) else True
+    for ending, lo, hi in _BOUNDS:
+        if key.endswith(ending):
+            return lo <= value <= hi
+    return value <= 1 if key.endswith(_FRACTIONS) else value <= 1e6

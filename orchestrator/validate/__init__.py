@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import Problem, SpecError
+from ..errors import OrchError, Problem, SpecError
 
 KINDS = ("rundir", "spec", "ds_config", "megatron_args", "megatron_config")
 _DS_MARKERS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -48,8 +48,21 @@ def validate_path(path: str | Path, *, world_size: int | None = None, model_para
     """Every problem in one spec, ds_config.json, Megatron args file or run dir.
 
     ``notes`` collects sentences for people that are not problems (a check skipped, an assumption made).
+    A path that cannot be read (permissions, a name too long) is a problem of its own: the other paths are
+    still checked.
     """
     path = Path(path)
+    try:
+        return _validate_one(path, world_size=world_size, model_parallel_size=model_parallel_size, deep=deep,
+                             notes=notes)
+    except OSError as e:
+        return [Problem(str(path), f"cannot read: {e.strerror or e.__class__.__name__}",
+                        "check the path and its permissions")]
+    except OrchError as e:
+        return [Problem(str(path), str(e))]
+
+
+def _validate_one(path: Path, *, world_size, model_parallel_size, deep, notes) -> list[Problem]:
     if not path.exists():
         return [Problem(str(path), "no such file or directory", "check the path")]
     kind = detect_kind(path)

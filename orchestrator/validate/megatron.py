@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import Problem
+from ..errors import Problem, SpecError
 from ..render.megatron import OBJECT_FIELDS
 from ..stages import SplitNames, even_split_issue, split_issues
 from ..typed import did_you_mean
@@ -442,10 +442,12 @@ def expected_launch_env(args: MegatronArgs) -> dict[str, str]:
 
 def read_args_file(path: str | Path) -> tuple[list[Token], list[Problem]]:
     path = Path(path)
+    from ..userfiles import read_user_text  # noqa: PLC0415
+
     try:
-        return tokens_from_text(path.read_text()), []
-    except (OSError, UnicodeDecodeError) as e:
-        return [], [Problem(str(path), f"cannot read: {e.__class__.__name__}", "check the path")]
+        return tokens_from_text(read_user_text(path)), []
+    except SpecError as e:
+        return [], e.problems
 
 
 def validate_megatron_args_file(path: str | Path, *, world_size: int | None = None,
@@ -569,14 +571,12 @@ def _config_values(config: dict, path: str) -> list[Problem]:
 
 def validate_megatron_config_file(path: str | Path, *, deep: bool = True) -> list[Problem]:
     path = Path(path)
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        return [Problem(str(path), f"cannot read: {e.__class__.__name__}", "check the path")]
-    except json.JSONDecodeError as e:
-        return [Problem(f"{path}:{e.lineno}:{e.colno}", f"invalid JSON: {e.msg}", "fix the JSON syntax")]
-    except (RecursionError, ValueError) as e:     # nesting too deep, an integer over Python's digit limit
-        return [Problem(str(path), f"invalid JSON: {e.__class__.__name__}: {str(e)[:120]}", "fix the JSON")]
+    from ..userfiles import parse_json, read_user_text  # noqa: PLC0415
+
+    try:     # the bounded reader: regular files only, size and nesting capped
+        config = parse_json(read_user_text(path), str(path), duplicates=[])
+    except SpecError as e:
+        return e.problems
     return check_megatron_config(config, path=str(path), deep=deep)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -120,6 +121,7 @@ def parse_tokens(tokens: list[Token], path: str) -> tuple[MegatronArgs, list[Pro
             while j < len(tokens) and not _looks_like_flag(tokens[j].text):
                 values.append(tokens[j].text)
                 j += 1
+        problems += _flag_like_value_problems(flag, values, tokens[j] if j < len(tokens) else None, path, tok.line)
         problems += _store(args, flag, values, tok.line)
         i = j
     return args, problems
@@ -127,6 +129,30 @@ def parse_tokens(tokens: list[Token], path: str) -> tuple[MegatronArgs, list[Pro
 
 def _looks_like_flag(text: str) -> bool:
     return text.startswith("--") and len(text) > 2
+
+
+# What argparse itself takes for a negative number rather than a flag (argparse's _negative_number_matcher).
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _flag_like_value_problems(flag: str, values: list[str], following: Token | None, path: str,
+                              line: int) -> list[Problem]:
+    """A value that starts with '-' (argparse reads it as a flag of its own: data.path "--mock-data" made
+    Megatron-LM train on mock data), or a flag that takes values but got none because the next line is a
+    flag (the value it was meant to have may be that line)."""
+    entry = flag_table().get(flag) or {}
+    where = f"{path}:{line} {flag}"
+    problems = [Problem(where, f"the value {v[:60]!r} starts with '-': Megatron-LM's argparse reads it as a flag",
+                        "a value must not start with '-': write a path as ./" + v[:30])
+                for v in values if v.startswith("-") and not NEGATIVE_NUMBER.match(v)]
+    takes_values = entry.get("action") not in ("store_true", "store_false", "store_const", "count",
+                                               "boolean_optional", "help", None)
+    if takes_values and entry.get("nargs") == "*" and not values and following is not None:
+        problems.append(Problem(where, f"{flag} takes values but got none: the next line {following.text[:60]!r} "
+                                "is a flag (a value starting with '-' is read as one)",
+                                "give the values right after the flag, none starting with '-'"))
+    return problems
+
 
 
 def _store(args: MegatronArgs, flag: str, values: list[str], line: int) -> list[Problem]:

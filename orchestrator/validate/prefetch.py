@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ..errors import OrchError
+
 
 @contextmanager
 def shared_answers() -> Iterator[None]:
@@ -34,19 +36,19 @@ def prefetch_deep_checks(paths: list[str], *, world_size: int | None, model_para
     ds, core = [], []
     for raw in paths:
         path = Path(raw)
-        if not path.exists():
-            continue
-        kind = detect_kind(path)
         try:
+            if not path.exists():
+                continue
+            kind = detect_kind(path)
             if kind == "rundir":
                 ds += _run_dir_ds(path)
                 core += _run_dir_core(path)
             elif kind == "ds_config":
                 ds += _ds_file(path, world_size, model_parallel_size)
             elif kind == "megatron_config":
-                core.append(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError):
-            continue
+                core.append(_read_json(path))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, OrchError):
+            continue      # the per-path check reports what is wrong
     return _ask(ds, core)
 
 
@@ -85,7 +87,7 @@ def _run_dir_core(path: Path) -> list[dict]:
 
     tokens, problems = read_args_file(path / "megatron_args.txt")
     args = parse_tokens(tokens, str(path / "megatron_args.txt"))[0] if not problems else None
-    configs = [json.loads((path / "megatron_config.json").read_text())]
+    configs = [_read_json(path / "megatron_config.json")]
     return configs + ([config_from_args(args)] if args is not None else [])
 
 
@@ -93,6 +95,13 @@ def _ds_file(path: Path, world_size: int | None, model_parallel_size: int) -> li
     from ._ds_probe import ProbeRequest  # noqa: PLC0415
     from .deepspeed import deep_check_sizes  # noqa: PLC0415
 
-    config = json.loads(path.read_text())
+    config = _read_json(path)
     _, dp = deep_check_sizes(config, world_size, model_parallel_size)
     return [ProbeRequest(config, dp, str(path))]
+
+
+def _read_json(path: Path):
+    """A JSON file through the bounded reader (regular files only, size and depth capped): SpecError else."""
+    from ..userfiles import parse_json, read_user_text  # noqa: PLC0415
+
+    return parse_json(read_user_text(path), str(path), duplicates=[])

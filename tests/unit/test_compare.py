@@ -230,7 +230,7 @@ def test_wandb_transaction_log_gives_the_run_dirs_numbers(tmp_path):
                                                            "plan": direct.chosen, "layout": direct.tag}}}}]
     for i, r in enumerate(direct.records):
         lines.append({"type": "history", "history": {"item": {"_step": i, "_runtime": 1.0 * i, **r}}})
-        lines.append({"type": "summary", "summary": {"update": r}})
+        lines.append({"type": "summary", "summary": {"update": dict(r)}})
     run = parse_transaction_log("\n".join(json.dumps(x) for x in lines))
     from_wandb = run_from_wandb("w", "wandb_offline", run)
     assert from_wandb.records == direct.records and from_wandb.spec == direct.spec

@@ -226,3 +226,166 @@ def _time_limit(seconds: int):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# --- the property for the files of measured numbers (issue 21): doctor.json, calib.json, metrics.jsonl and
+# W&B offline logs, through every command that reads them ------------------------------------------------------
+
+NUMBERS = st.one_of(st.floats(), st.integers(), st.sampled_from([10**30, 10**400, -(10**25), 2**63, 0, -1, 1e308]),
+                    st.booleans(), st.none(), st.text(max_size=6), st.lists(st.floats(), max_size=2),
+                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+DOCTOR = {"doctor_version": 1, "backend": "local", "time_unix": 0.0,
+          "spec": {"gpu": "cpu", "precision": "fp32", "gpus_per_node": 2, "num_nodes": 1},
+          "measured": {"gemm_flops": 1e11, "intra_node_bandwidth_GBps": 2.0, "allreduce_latency_s": 1e-4,
+                       "allreduce_latency_ranks": 2}}
+CALIB = {"calibration_version": 1, "cluster": {"gpu": "cpu", "gpus_per_node": 2, "precision": "fp32"},
+         "cost_model": {"matmul_efficiency": 0.5, "attention_efficiency": 0.5, "kernel_gap_s": 1e-5,
+                        "dp_overlap": 0.5, "intra_node_efficiency": 0.8}, "fit": {}}
+RECORD_KEYS = ["step", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "allreduce_time_s",
+               "allreduce_overhead", "comm_exposed_s", "mem_peak_bytes", "compute_time_s", "alltoall_time_s",
+               "moe_aux_loss", "x"]
+FILE_SETTINGS = settings(max_examples=25, deadline=None,
+                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+def _paths_of(data: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in data.items():
+        out.append(f"{prefix}{key}")
+        if isinstance(value, dict):
+            out += _paths_of(value, f"{prefix}{key}.")
+    return out
+
+
+def _mutations(base: dict):
+    return st.lists(st.tuples(st.sampled_from(_paths_of(base) + ["extra", "measured.extra", "cost_model.x"]),
+                              st.one_of(NUMBERS, STRUCTURES)), min_size=1, max_size=3)
+
+
+def _apply(base: dict, mutations) -> str:
+    import copy
+
+    data = copy.deepcopy(base)
+    for dotted, value in mutations:
+        data = _mutated(data, dotted.split("."), value)
+    return json.dumps(data)
+
+
+def _exits_0_or_2(capsys, argv: list[str], what) -> str:
+    with _time_limit(30):
+        try:
+            code, out, err = run_cli(argv, capsys)
+        except Exception as e:  # noqa: BLE001  (what the property forbids: anything that escapes main)
+            pytest.fail(f"{argv[0]} raised {e!r} on {str(what)[:300]!r}")
+    assert code in (0, 2), (argv, code, (out + err)[-1500:], str(what)[:300])
+    assert "NaN" not in out and "Infinity" not in out, out[-500:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def measured_inputs(tmp_path_factory):
+    """A spec and a trained run dir (synthetic metrics) of it."""
+    from tests.unit.compare_support import make_run_dir, steady
+
+    root = tmp_path_factory.mktemp("measured")
+    spec = root / "spec.yaml"
+    spec.write_text(yaml.safe_dump(spec_data()))
+    return {"spec": str(spec), "run": make_run_dir(root / "run", steady(6, 0.1))}
+
+
+def _check_number_file(tmp_path, capsys, spec: str, option: str, content: str | bytes, generate: bool) -> None:
+    path = tmp_path / "input.json"
+    path.write_bytes(content.encode() if isinstance(content, str) else content)
+    _exits_0_or_2(capsys, ["plan", spec, option, str(path), "--json"], content)
+    if generate:
+        _exits_0_or_2(capsys, ["generate", spec, option, str(path), "-o", str(tmp_path / "run"), "--force"], content)
+        plan = tmp_path / "run" / "plan.json"
+        assert not plan.exists() or "NaN" not in plan.read_text() and "Infinity" not in plan.read_text()
+
+
+@FILE_SETTINGS
+@given(_mutations(DOCTOR))
+def test_random_doctor_json_exit_0_or_2(tmp_path, capsys, measured_inputs, mutations):
+    _check_number_file(tmp_path, capsys, measured_inputs["spec"], "--measured", _apply(DOCTOR, mutations), True)
+
+
+@FILE_SETTINGS
+@given(_mutations(CALIB))
+def test_random_calib_json_exit_0_or_2(tmp_path, capsys, measured_inputs, mutations):
+    _check_number_file(tmp_path, capsys, measured_inputs["spec"], "--calibration", _apply(CALIB, mutations), True)
+
+
+@FILE_SETTINGS
+@given(st.sampled_from(["--measured", "--calibration"]),
+       st.one_of(st.binary(max_size=300), STRUCTURES.map(json.dumps)))
+def test_random_bytes_as_doctor_or_calib_json_exit_0_or_2(tmp_path, capsys, measured_inputs, option, content):
+    _check_number_file(tmp_path, capsys, measured_inputs["spec"], option, content, False)
+
+
+def _record_line(base: dict):
+    return st.one_of(
+        st.lists(st.tuples(st.sampled_from(RECORD_KEYS), NUMBERS), max_size=3).map(
+            lambda changes: json.dumps({**base, **dict(changes)}).encode()),
+        st.binary(max_size=80), STRUCTURES.map(lambda s: json.dumps(s).encode()))
+
+
+@FILE_SETTINGS
+@given(st.data())
+def test_random_metrics_jsonl_exit_0_or_2_in_compare_and_calibrate(tmp_path, capsys, measured_inputs, data):
+    import shutil
+
+    from tests.unit.compare_support import record
+
+    run = tmp_path / "run"
+    if not run.exists():
+        shutil.copytree(measured_inputs["run"], run)
+    lines = [data.draw(_record_line(record(step, 0.1))) for step in range(1, data.draw(st.integers(1, 6)) + 1)]
+    (run / "metrics.jsonl").write_bytes(b"\n".join(lines) + data.draw(st.sampled_from([b"\n", b""])))
+    _exits_0_or_2(capsys, ["compare", str(run), str(measured_inputs["run"]), "--json"], lines)
+    _exits_0_or_2(capsys, ["calibrate", str(run), "-o", str(tmp_path / "calib.json"), "--json"], lines)
+    (tmp_path / "calib.json").unlink(missing_ok=True)
+
+
+@FILE_SETTINGS
+@given(st.data())
+def test_random_wandb_transaction_logs_exit_0_or_2(tmp_path, capsys, measured_inputs, data):
+    """What wandb's reader prints for a .wandb file (`wandb leet inspect --json`), damaged at random, through
+    compare and calibrate (the reader itself is replaced by these lines: a subprocess per example is slow)."""
+    from orchestrator.runs import load_run
+
+    direct = load_run(str(measured_inputs["run"]))
+    spec = yaml.safe_load((measured_inputs["run"] / "spec.resolved.yaml").read_text())
+    good = [{"type": "run", "run": {"config": {"update": {"spec": spec, "plan": direct.chosen}}}}] + [
+        {"type": "history", "history": {"item": {"_step": i, **dict(r)}}} for i, r in enumerate(direct.records)]
+    lines = [json.dumps(line) for line in good]
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(0, len(lines) - 1))
+        lines[i] = data.draw(st.one_of(
+            st.text(max_size=40), STRUCTURES.map(json.dumps),
+            st.tuples(st.sampled_from(RECORD_KEYS), NUMBERS).map(
+                lambda kv, line=good[i]: json.dumps(_mutated(json.loads(json.dumps(line)),
+                                                             [line["type"]] + (["item"] if line["type"] == "history"
+                                                                               else ["config", "update", "spec"]) +
+                                                             [kv[0]], kv[1])))))
+    text = "\n".join(lines)
+    offline = tmp_path / "wandb" / "offline-run-20260101_000000-abc"
+    offline.mkdir(parents=True, exist_ok=True)
+    (offline / "run-abc.wandb").write_bytes(b"")
+    import orchestrator.runs as runs_module
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runs_module, "read_wandb_offline", lambda source, path: runs_module.parse_transaction_log(text))
+        _exits_0_or_2(capsys, ["compare", str(offline), "--json"], text)
+        _exits_0_or_2(capsys, ["calibrate", str(offline), "-o", str(tmp_path / "calib.json")], text)
+    (tmp_path / "calib.json").unlink(missing_ok=True)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=400))
+def test_random_wandb_files_through_wandbs_reader_exit_0_or_2(tmp_path, capsys, blob):
+    """Damaged run-*.wandb files through wandb's own reader (a subprocess: few examples)."""
+    offline = tmp_path / "wandb" / "offline-run-20260101_000000-abc"
+    offline.mkdir(parents=True, exist_ok=True)
+    (offline / "run-abc.wandb").write_bytes(blob)
+    _exits_0_or_2(capsys, ["compare", str(tmp_path / "wandb")], blob)

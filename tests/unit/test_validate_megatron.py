@@ -253,7 +253,7 @@ def test_unknown_config_key_says_did_you_mean():
 def test_config_file_errors(tmp_path):
     bad = tmp_path / "megatron_config.json"
     bad.write_text("{not json")
-    assert "invalid JSON" in validate_megatron_config_file(bad, deep=False)[0].message
+    assert "not valid JSON" in validate_megatron_config_file(bad, deep=False)[0].message
     bad.write_text("[1, 2]")
     assert "JSON object" in validate_megatron_config_file(bad, deep=False)[0].message
 
