@@ -111,6 +111,7 @@ class CommTimer:
         self._local = threading.local()
         self._restore: list[tuple[object, str, object]] = []
         self._pending: list[tuple] = []        # CUDA event pairs not yet resolved
+        self.device_hook = None                # devicetime.DeviceClock: CUDA collectives timed on their streams
 
     # --- installation ------------------------------------------------------------------------------
     def install(self, namespace, names=OPS) -> "CommTimer":
@@ -155,6 +156,12 @@ class CommTimer:
             if bucket is None:
                 return fn(*args, **kwargs)
             self._local.depth = 1
+            if self.device_hook is not None and _on_cuda(args, kwargs):
+                try:
+                    nbytes = _message_bytes(tensor_args, args, kwargs) if bucket == "allreduce" else 0
+                    return self.device_hook.call(bucket, op, size, nbytes, fn, args, kwargs)
+                finally:
+                    self._local.depth = 0
             events = _cuda_events(args, kwargs)
             t0 = time.perf_counter()
             try:
@@ -221,6 +228,14 @@ class CommTimer:
         if len(ranks) <= 1:
             return "local", len(ranks)
         return ("dp" if frozenset(ranks) == self.dp_ranks else "other"), len(ranks)
+
+
+def _on_cuda(args: tuple, kwargs: dict) -> bool:
+    for value in (*args, *kwargs.values()):
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        if hasattr(value, "is_cuda"):
+            return bool(value.is_cuda)
+    return False
 
 
 def _cuda_events(args: tuple, kwargs: dict):

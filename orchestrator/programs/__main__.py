@@ -1,0 +1,80 @@
+"""``python -m orchestrator.programs RUN_DIR``: run the user's program of a run dir on this rank, observed.
+
+Reads RUN_DIR/program.json ({kind, argv, cwd, log_format, script_path, script_sha256}; ``{run_dir}`` in any
+argv element is the run dir), installs the telemetry wrapper (orchestrator/telemetry/wrapper.py) in this
+interpreter before the program imports anything, then runs argv[0] as ``__main__`` with sys.argv = argv, as
+``python argv[0] argv[1:]`` would (its directory first on sys.path, in ``cwd`` when set). The program's exit
+code is this process's; a signal that would have ended it still does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+PROGRAM_FILE = "program.json"
+EXIT_USAGE = 2
+
+
+def load_program(run_dir: Path) -> dict:
+    """program.json with ``{run_dir}`` substituted; SystemExit(2) naming the problem when it is unusable."""
+    path = run_dir / PROGRAM_FILE
+    try:
+        program = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"orch-program: error: {path}: {e}; write the run dir with `orch generate` from a spec "
+                         "with a `program:` section") from None
+    argv = program.get("argv") if isinstance(program, dict) else None
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise SystemExit(f"orch-program: error: {path}: 'argv' must be a non-empty list of strings")
+    program["argv"] = [a.replace("{run_dir}", str(run_dir)) for a in argv]
+    if not Path(program["argv"][0]).is_file():
+        raise SystemExit(f"orch-program: error: program.argv[0]: {program['argv'][0]} is not a file; fix "
+                         "program.script in the spec and run `orch generate` again")
+    return program
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m orchestrator.programs RUN_DIR", file=sys.stderr)
+        return EXIT_USAGE
+    run_dir = Path(args[0]).resolve()
+    try:
+        program = load_program(run_dir)
+    except SystemExit as e:
+        print(e.code, file=sys.stderr)
+        return EXIT_USAGE
+    from ..telemetry.wrapper import ProgramTelemetry  # noqa: PLC0415  (torch: after the checks above)
+
+    telemetry = ProgramTelemetry(run_dir, kind=program.get("kind", "script"),
+                                 log_format=program.get("log_format")).install()
+    script = program["argv"][0]
+    if program.get("cwd"):
+        os.chdir(program["cwd"])
+    sys.argv = list(program["argv"])
+    sys.path[0] = str(Path(script).resolve().parent)     # as `python script.py` puts it
+    code, clean = 0, True
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+        clean = code == 0
+    except BaseException:  # noqa: BLE001  (the program's failure is its exit code, its traceback on stderr)
+        traceback.print_exc()
+        code, clean = 1, False
+    finally:
+        try:
+            telemetry.finish(code, clean=clean)
+        except Exception as e:  # noqa: BLE001  (telemetry must never change how the program ends)
+            print(f"[orch-program] warning: telemetry did not finish: {e}", file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
