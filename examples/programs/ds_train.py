@@ -10,9 +10,11 @@ The ZeRO stage is the config's zero_optimization.stage; with stage 3 the model i
 deepspeed.zero.Init, so each rank only ever holds its shard.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
+import time
 
 import deepspeed
 import torch
@@ -32,6 +34,9 @@ def parse_args():
     parser.add_argument("--pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--log-interval", type=int, default=5)
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="record the run with torch.profiler (one 'train_step N' range per step) and write "
+                             "each rank's Chrome trace to DIR/trace-rank<RANK>.json")
     parser = deepspeed.add_config_arguments(parser)
     return parser.parse_args()
 
@@ -135,23 +140,38 @@ def main():
     data = SyntheticTokens(args.vocab_size, args.seq_length, args.seed)
     micro, accumulation = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     rank = torch.distributed.get_rank()
-    for step in range(1, args.steps + 1):
-        if args.pipeline_parallel_size > 1:
-            batches = iter([data.batch(micro) for _ in range(accumulation)])
-            loss = engine.train_batch(data_iter=batches)
-        else:
-            total = 0.0
-            for _ in range(accumulation):
-                tokens, labels = data.batch(micro)
-                loss = engine(tokens.to(engine.device), labels.to(engine.device))
-                engine.backward(loss)
-                engine.step()
-                total += loss.item() / accumulation
-            loss = torch.tensor(total)
-        if rank == 0 and (step % args.log_interval == 0 or step == 1):
-            print(f"step {step}/{args.steps} loss {float(loss):.4f} (ZeRO-{stage}, "
-                  f"pp {args.pipeline_parallel_size}, ln(vocab) {math.log(args.vocab_size):.2f})", flush=True)
+    profiler = contextlib.nullcontext()
+    if args.profile:
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    start = time.perf_counter()
+    with profiler as prof:
+        for step in range(1, args.steps + 1):
+            with torch.profiler.record_function(f"train_step {step}") if args.profile else contextlib.nullcontext():
+                loss = train_step(args, engine, data, micro, accumulation)
+            if rank == 0 and (step % args.log_interval == 0 or step == 1):
+                print(f"step {step}/{args.steps} loss {float(loss):.4f} (ZeRO-{stage}, "
+                      f"pp {args.pipeline_parallel_size}, ln(vocab) {math.log(args.vocab_size):.2f})", flush=True)
+    elapsed = time.perf_counter() - start
+    if rank == 0:
+        print(f"trained {args.steps} steps in {elapsed:.3f} s", flush=True)
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(args.profile, f"trace-rank{rank}.json"))
     torch.distributed.barrier()
+
+
+def train_step(args, engine, data, micro, accumulation):
+    """One optimizer step: the pipeline's train_batch, or forward/backward/step per micro-batch."""
+    if args.pipeline_parallel_size > 1:
+        return engine.train_batch(data_iter=iter([data.batch(micro) for _ in range(accumulation)]))
+    total = 0.0
+    for _ in range(accumulation):
+        tokens, labels = data.batch(micro)
+        loss = engine(tokens.to(engine.device), labels.to(engine.device))
+        engine.backward(loss)
+        engine.step()
+        total += loss.item() / accumulation
+    return torch.tensor(total)
 
 
 if __name__ == "__main__":

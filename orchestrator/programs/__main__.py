@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(e.code, (int, type(None))):
             print(e.code, file=sys.stderr)
         clean = code == 0
+    except KeyboardInterrupt:       # SIGINT (torchrun forwards Ctrl-C and `orch cancel`'s first signal)
+        traceback.print_exc()
+        code, clean = 130, False
+        telemetry.signal_name = telemetry.signal_name or "SIGINT"
     except BaseException:  # noqa: BLE001  (the program's failure is its exit code, its traceback on stderr)
         traceback.print_exc()
         code, clean = 1, False

@@ -213,7 +213,10 @@ class ProgramTelemetry:
 
         def backward_(engine, loss, *args, **kwargs):
             if telemetry._pipe_depth == 0 and hasattr(loss, "detach"):
-                telemetry._losses.append(loss.detach())
+                value = loss.detach()
+                if kwargs.get("scale_wrt_gas", True) is False:    # the HF Trainer: already / accumulation
+                    value = value * engine.gradient_accumulation_steps()
+                telemetry._losses.append(value)
                 telemetry._sources["loss"] = "deepspeed engine.backward(loss), mean over micro-batches"
             return backward(engine, loss, *args, **kwargs)
 
@@ -336,9 +339,10 @@ class ProgramTelemetry:
             mask[self.rank] = 1.0 if math.isfinite(loss_value) else 0.0
             table[nan] = 0.0
             both = torch.cat([table, mask])
-            if self.hosts is None:
-                self._gather_hosts()
-            self._raw["all_reduce"](both, group=self._side)
+            with torch.profiler.record_function("orch-telemetry"):    # a profiler of the program can tell it apart
+                if self.hosts is None:
+                    self._gather_hosts()
+                self._raw["all_reduce"](both, group=self._side)
             values = both.tolist()
             rows = [dict(zip(ROW, values[r * width:(r + 1) * width])) for r in range(self.world)]
             for r, has_loss in enumerate(values[self.world * width:]):
@@ -457,8 +461,7 @@ class ProgramTelemetry:
             if clean and self._side is not None:
                 self.flush()
         finally:
-            if self.signal_name is None or code == 0:
-                self.write_status(code)
+            self.write_status(code, state="preempted" if self.signal_name else None)
             self.close_sinks(code)
             if self.rank == 0:
                 note(f"{self.step} optimizer step(s) observed; metrics: {self.run_dir_path / 'metrics.jsonl'}")
