@@ -14,8 +14,10 @@ sees, without a line of the program changed:
 - busy time: DeepSpeed's pipeline instructions (forward, backward, optimizer step) on CPU, otherwise the
   step's time minus the time blocked in collectives; peak memory (timing.py).
 
-Each step ends in one all_reduce of every rank's row (metrics.py's ROW) on a gloo group of its own, created
-right after the program's ``init_process_group``: all ranks step in lockstep (data parallel, ZeRO, and the
+Each step ends in one asynchronous all_reduce of every rank's row (metrics.py's ROW) on a gloo group of its own,
+created right after the program's ``init_process_group``, completed at the next step (so no rank waits for
+the others and the record of step N is written at step N + 1; the program's end writes the last): all ranks
+step in lockstep (data parallel, ZeRO, and the
 pipeline engine, whose every stage steps once per ``train_batch``), so the extra collective is issued by
 every rank at the same point and never interleaves with the program's own on its groups. On CUDA, step and
 communication times are CUDA events (device time; devicetime.py), read one step late without a device
@@ -115,8 +117,11 @@ class ProgramTelemetry:
         self._side = None
         self._raw: dict = {}
         self._device = None               # devicetime.DeviceClock on CUDA
-        self._pending = None              # (step, row, lr, grad_norm) waiting for its CUDA events
+        self._pending = None              # CUDA: the step waiting for its events
+        self._inflight = None             # (work, table, meta): the step whose cross-rank reduce is under way
         self._closed = False
+        self.own_s = 0.0                  # time spent in end_step (the cross-rank reduce and the sinks included)
+        self._own_last = 0.0
         self._finder = None
         self._forward_hook = None
         self._constants = None
@@ -283,8 +288,9 @@ class ProgramTelemetry:
         self._t0 = time.perf_counter()
 
     def end_step(self) -> None:
-        """The program's optimizer step is done: this step's row, then the previous step's record on CUDA
-        (its events have completed by now) or this one's on CPU."""
+        """The program's optimizer step is done. Its row goes into an asynchronous all_reduce on the side
+        group, completed (and the record written) at the next step: no rank waits for the others here. On
+        CUDA the row itself waits one step for its events."""
         now = time.perf_counter()
         if self._t0 is None:
             self._t0 = now
@@ -295,12 +301,17 @@ class ProgramTelemetry:
         self._lr = self._grad_norm = None
         if self._device is not None:                    # this step's events are read at the next step
             token = self._device.end_step()
-            previous, self._pending = self._pending, (self.step, loss, lr, grad_norm, token, self.busy.take())
+            previous, self._pending = self._pending, (self.step, loss, lr, grad_norm, token, self.busy.take(),
+                                                      self._own_last)
             if previous is not None:
-                self._publish(*previous)
+                self._exchange(*previous)
         else:
-            self._publish(self.step, loss, lr, grad_norm, (wall, self.comm.take()), self.busy.take())
-        self._t0 = time.perf_counter()
+            self._exchange(self.step, loss, lr, grad_norm, (wall, self.comm.take()), self.busy.take())
+        # Steps are contiguous: the next one starts where this one ended, so the time spent here is in the
+        # program's measured step time (it is the program's time) but not in its busy compute time.
+        self._t0 = now
+        self._own_last = time.perf_counter() - now
+        self.own_s += self._own_last
 
     def _take_loss(self):
         values, self._losses = self._losses, []
@@ -311,45 +322,64 @@ class ProgramTelemetry:
         return torch.stack([v.float().mean() for v in values]).mean()
 
     def flush(self) -> None:
-        """Publish the step still waiting for its CUDA events (a collective on the side group: every rank
-        calls it at the same point, the program's end or its destroy_process_group)."""
+        """Publish every step still in flight (a collective on the side group: every rank calls it at the same
+        point, the program's end or its destroy_process_group)."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            self._publish(*pending)
+            self._exchange(*pending)
+        self._complete()
 
-    def _publish(self, step, loss, lr, grad_norm, measured, busy_s) -> None:
+    def _exchange(self, step, loss, lr, grad_norm, measured, busy_s, own_s=None) -> None:
         import torch  # noqa: PLC0415
 
+        own_s = self._own_last if own_s is None else own_s     # the wrapper's time inside this step
+
         step_s, comm = self._device.resolve(measured) if self._device is not None else measured
-        busy = busy_s if self.busy_source else max(0.0, step_s - comm.blocked_s)
+        busy = busy_s if self.busy_source else max(0.0, step_s - comm.blocked_s - own_s)
         loss_value = float(loss) if loss is not None else math.nan
         row = {"step_time_s": step_s, "compute_time_s": busy, "allreduce_s": comm.allreduce_s,
                "allreduce_blocked_s": comm.allreduce_blocked_s, "allgather_s": comm.allgather_s,
                "other_s": comm.other_s, "allreduce_bytes": comm.allreduce_bytes,
                "allreduce_bus_bytes": comm.allreduce_bus_bytes, "mem_peak_bytes": peak_memory_bytes(),
                "loss": loss_value, "stop": 0.0, "alltoall_s": comm.alltoall_s}
-        rows = [row]
-        if self._side is not None:
-            width = len(ROW)
-            table = torch.zeros(self.world * width, dtype=torch.float64)
-            table[self.rank * width:(self.rank + 1) * width] = torch.tensor([float(row[k]) for k in ROW],
-                                                                             dtype=torch.float64)
-            nan = torch.isnan(table)          # NaN (no loss) must not poison the sum: sent as 0 + a mask
-            mask = torch.zeros(self.world, dtype=torch.float64)
-            mask[self.rank] = 1.0 if math.isfinite(loss_value) else 0.0
-            table[nan] = 0.0
-            both = torch.cat([table, mask])
-            with torch.profiler.record_function("orch-telemetry"):    # a profiler of the program can tell it apart
-                if self.hosts is None:
-                    self._gather_hosts()
-                self._raw["all_reduce"](both, group=self._side)
-            values = both.tolist()
-            rows = [dict(zip(ROW, values[r * width:(r + 1) * width])) for r in range(self.world)]
-            for r, has_loss in enumerate(values[self.world * width:]):
-                if not has_loss:
-                    rows[r]["loss"] = math.nan
+        meta = (step, lr, grad_norm)
+        if self._side is None:
+            self._emit(meta, [row])
+            return
+        width = len(ROW)
+        table = torch.zeros(self.world * (width + 1), dtype=torch.float64)
+        mine = [0.0 if k == "loss" and not math.isfinite(loss_value) else float(row[k]) for k in ROW]
+        table[self.rank * width:(self.rank + 1) * width] = torch.tensor(mine, dtype=torch.float64)
+        table[self.world * width + self.rank] = 1.0 if math.isfinite(loss_value) else 0.0   # NaN would poison the sum
+        with torch.profiler.record_function("orch-telemetry"):    # a profiler of the program can tell it apart
+            if self.hosts is None:
+                self._gather_hosts()
+            work = self._raw["all_reduce"](table, group=self._side, async_op=True)
+        self._complete()
+        self._inflight = (work, table, meta)
+
+    def _complete(self) -> None:
+        """Wait for the step in flight (long done by now) and write its record."""
+        if self._inflight is None:
+            return
+        (work, table, meta), self._inflight = self._inflight, None
+        work.wait()
+        width, values = len(ROW), table.tolist()
+        rows = [dict(zip(ROW, values[r * width:(r + 1) * width])) for r in range(self.world)]
+        for r, has_loss in enumerate(values[self.world * width:]):
+            if not has_loss:
+                rows[r]["loss"] = math.nan
+        self._emit(meta, rows)
+
+    def complete_if_done(self) -> None:
+        """Write the step in flight if its reduce has completed (never waits: a signal handler calls it)."""
+        if self._inflight is not None and self._inflight[0].is_completed():
+            self._complete()
+
+    def _emit(self, meta, rows) -> None:
         if self.rank != 0:
             return
+        step, lr, grad_norm = meta
         record = build_record(self._constants, rows, step=step, time_unix=time.time(),
                               lr=lr if lr is not None else 0.0, grad_norm=grad_norm, hosts=self.hosts)
         record = replace(record, telemetry_source=self.sources())
@@ -409,6 +439,7 @@ class ProgramTelemetry:
 
         def on_signal(signum, frame, handler=None):
             telemetry.signal_name = signal.Signals(signum).name
+            telemetry.complete_if_done()
             telemetry.write_status(128 + signum, state="preempted")
             if callable(handler):
                 return handler(signum, frame)
@@ -458,13 +489,14 @@ class ProgramTelemetry:
         """After the program: publish the last CUDA step (only when it ended cleanly: a peer that crashed
         would never join the collective), close the sinks, write train_status.json."""
         try:
-            if clean and self._side is not None:
+            if clean:
                 self.flush()
         finally:
             self.write_status(code, state="preempted" if self.signal_name else None)
             self.close_sinks(code)
             if self.rank == 0:
-                note(f"{self.step} optimizer step(s) observed; metrics: {self.run_dir_path / 'metrics.jsonl'}")
+                note(f"{self.step} optimizer step(s) observed; telemetry's own time {self.own_s:.4f} s; "
+                     f"metrics: {self.run_dir_path / 'metrics.jsonl'}")
 
 
 def _number(value) -> float | None:
