@@ -81,6 +81,24 @@ def bus_factor(op: str, group_size: int) -> float:
     return 1.0
 
 
+def charge(s: CommStats, bucket: str, op: str, size: int, total: float, blocked: float, nbytes: int) -> None:
+    """Add one collective's times (and, for reductions, its bytes) to its bucket of ``s``."""
+    if bucket == "allreduce":
+        s.allreduce_s += total
+        s.allreduce_blocked_s += blocked
+        s.allreduce_bytes += nbytes
+        s.allreduce_bus_bytes += nbytes * bus_factor(op, size)
+    elif bucket == "allgather":
+        s.allgather_s += total
+        s.allgather_blocked_s += blocked
+    elif bucket == "alltoall":
+        s.alltoall_s += total
+        s.alltoall_blocked_s += blocked
+    else:
+        s.other_s += total
+        s.other_blocked_s += blocked
+
+
 class _TimedWork:
     """Wraps the handle of an asynchronous collective so that ``wait()`` is timed."""
 
@@ -186,21 +204,7 @@ class CommTimer:
         return timed
 
     def _charge(self, bucket: str, op: str, size: int, total: float, blocked: float, nbytes: int) -> None:
-        s = self.stats
-        if bucket == "allreduce":
-            s.allreduce_s += total
-            s.allreduce_blocked_s += blocked
-            s.allreduce_bytes += nbytes
-            s.allreduce_bus_bytes += nbytes * bus_factor(op, size)
-        elif bucket == "allgather":
-            s.allgather_s += total
-            s.allgather_blocked_s += blocked
-        elif bucket == "alltoall":
-            s.alltoall_s += total
-            s.alltoall_blocked_s += blocked
-        else:
-            s.other_s += total
-            s.other_blocked_s += blocked
+        charge(self.stats, bucket, op, size, total, blocked, nbytes)
 
     def _classify(self, op: str, group) -> tuple[str | None, int]:
         """(bucket, group size); bucket None for a group of one process."""

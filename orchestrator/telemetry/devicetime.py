@@ -16,7 +16,7 @@ Not yet run on a GPU (none was available when it was written): the CPU path (hos
 """
 from __future__ import annotations
 
-from .comm import CommStats, CommTimer
+from .comm import CommStats, CommTimer, charge
 
 _EXPOSED, _OVERLAPPED = 1, 0
 
@@ -24,10 +24,12 @@ _EXPOSED, _OVERLAPPED = 1, 0
 class DeviceClock:
     """Step events on the compute stream and the CUDA side of a CommTimer's collectives."""
 
-    def __init__(self, comm: CommTimer):
-        import torch  # noqa: PLC0415
+    def __init__(self, comm: CommTimer, cuda=None):
+        if cuda is None:
+            import torch  # noqa: PLC0415
 
-        self.torch = torch
+            cuda = torch.cuda
+        self.cuda = cuda                # torch.cuda (a stand-in in the unit tests)
         self.comm = comm
         self._start = None
         self._events: list = []         # this step: (bucket, op, size, nbytes, start, end, mode)
@@ -36,12 +38,12 @@ class DeviceClock:
         self._patch_wait_stream()
 
     def _event(self, stream=None):
-        event = self.torch.cuda.Event(enable_timing=True)
+        event = self.cuda.Event(enable_timing=True)
         event.record(stream) if stream is not None else event.record()
         return event
 
     def compute_stream(self):
-        return self.torch.cuda.default_stream()
+        return self.cuda.default_stream()
 
     def mark(self) -> None:
         self._start = self._event(self.compute_stream())
@@ -67,30 +69,18 @@ class DeviceClock:
 
     @staticmethod
     def _charge(stats: CommStats, bucket, op, size, total, blocked, nbytes) -> None:
-        from .comm import bus_factor  # noqa: PLC0415
-
-        if bucket == "allreduce":
-            stats.allreduce_s += total
-            stats.allreduce_blocked_s += blocked
-            stats.allreduce_bytes += nbytes
-            stats.allreduce_bus_bytes += nbytes * bus_factor(op, size)
-        elif bucket == "allgather":
-            stats.allgather_s += total
-            stats.allgather_blocked_s += blocked
-        elif bucket == "alltoall":
-            stats.alltoall_s += total
-            stats.alltoall_blocked_s += blocked
-        elif bucket == "wait":                     # the compute stream waiting on a side stream's collectives
-            stats.allreduce_blocked_s += blocked if op == "allreduce" else 0.0
-            stats.allgather_blocked_s += blocked if op == "allgather" else 0.0
-            stats.other_blocked_s += blocked if op not in ("allreduce", "allgather") else 0.0
-        else:
-            stats.other_s += total
-            stats.other_blocked_s += blocked
+        if bucket != "wait":
+            charge(stats, bucket, op, size, total, blocked, nbytes)
+            return
+        # the compute stream waiting on a side stream's collectives (op: the bucket of those): exposed only
+        stats.allreduce_blocked_s += blocked if op == "allreduce" else 0.0
+        stats.allgather_blocked_s += blocked if op == "allgather" else 0.0
+        stats.alltoall_blocked_s += blocked if op == "alltoall" else 0.0
+        stats.other_blocked_s += blocked if op not in ("allreduce", "allgather", "alltoall") else 0.0
 
     # --- called by CommTimer for a collective on CUDA tensors ----------------------------------------
     def call(self, bucket: str, op: str, size: int, nbytes: int, fn, args, kwargs):
-        stream = self.torch.cuda.current_stream()
+        stream = self.cuda.current_stream()
         on_compute = stream == self.compute_stream()
         first = self._event(stream)
         result = fn(*args, **kwargs)
@@ -109,7 +99,7 @@ class DeviceClock:
             self._events.append(("wait", bucket, size, 0, before, after, _EXPOSED))   # exposed: the stall
 
     def _patch_wait_stream(self) -> None:
-        stream_cls = self.torch.cuda.Stream
+        stream_cls = self.cuda.Stream
         original = stream_cls.wait_stream
         if getattr(original, "_orch_timed", False):
             return
@@ -138,7 +128,7 @@ class _CudaWork:
 
     def wait(self, *args, **kwargs):
         clock = self._clock
-        stream = clock.torch.cuda.current_stream()
+        stream = clock.cuda.current_stream()
         before = clock._event(stream)
         try:
             return self._work.wait(*args, **kwargs)

@@ -99,3 +99,76 @@ def test_unusable_program_json_exits_2_naming_the_field(plain_run):
     proc = subprocess.run([sys.executable, "-m", "orchestrator.programs", str(run)], capture_output=True, text=True,
                           env={"PYTHONPATH": str(ROOT)}, timeout=60)
     assert proc.returncode == 2 and "program.json" in proc.stderr
+
+
+class _Stream:
+    """A CUDA stream stand-in: its own timeline in ms."""
+
+    def __init__(self, t=0.0):
+        self.t = t
+
+    def wait_stream(self, other):
+        self.t = max(self.t, other.t)
+
+
+class _Event:
+    def __init__(self, cuda):
+        self.cuda, self.t = cuda, None
+
+    def record(self, stream=None):
+        self.t = (stream or self.cuda.current).t
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+    def synchronize(self):
+        pass
+
+
+class _Cuda:
+    """Just enough of torch.cuda for devicetime.DeviceClock: streams with timelines, timing events."""
+
+    Stream = _Stream
+
+    def __init__(self):
+        self.default = self.current = _Stream()
+
+    def Event(self, enable_timing=True):  # noqa: N802  (torch.cuda.Event)
+        return _Event(self)
+
+    def current_stream(self):
+        return self.current
+
+    def default_stream(self):
+        return self.default
+
+
+def test_device_clock_counts_overlapped_communication_as_overlapped(monkeypatch):
+    """A collective on the compute stream is exposed; one on a side stream is exposed only for the time the
+    compute stream waits on that stream afterwards (DeepSpeed's overlap_comm)."""
+    from orchestrator.telemetry.comm import CommTimer
+    from orchestrator.telemetry.devicetime import DeviceClock
+
+    monkeypatch.setattr(_Stream, "wait_stream", _Stream.wait_stream)     # DeviceClock patches the class
+    cuda = _Cuda()
+    clock = DeviceClock(CommTimer(), cuda=cuda)
+    side = _Stream()
+    clock.mark()
+
+    def work(stream, ms):
+        def fn():
+            stream.t += ms
+        return fn
+
+    clock.call("allreduce", "all_reduce", 2, 100, work(cuda.default, 5.0), (), {})   # compute stream: 5 exposed
+    for collective_ms, compute_ms in ((8.0, 10.0), (20.0, 5.0)):   # hidden behind compute, then 15 ms not
+        side.t = cuda.default.t
+        cuda.current = side
+        clock.call("allreduce", "all_reduce", 2, 100, work(side, collective_ms), (), {})
+        cuda.current = cuda.default
+        cuda.default.t += compute_ms
+        cuda.default.wait_stream(side)
+    step_s, stats = clock.resolve(clock.end_step())
+    assert step_s == pytest.approx(0.035)
+    assert stats.allreduce_s == pytest.approx(0.033) and stats.allreduce_bytes == 300
+    assert stats.allreduce_blocked_s == pytest.approx(0.020)
