@@ -37,6 +37,19 @@ def load_program(run_dir: Path) -> dict:
     return program
 
 
+def install_telemetry(run_dir: Path, program: dict):
+    """The wrapper, installed in this interpreter for the run dir (torch is imported here, after the checks)."""
+    from ..rundir import read_run_dir  # noqa: PLC0415
+    from ..telemetry.wrapper import ProgramTelemetry  # noqa: PLC0415
+    from ..train.session import resolved_layout, run_constants  # noqa: PLC0415
+    from ..train.trainer import STATUS_FILE, write_json  # noqa: PLC0415
+
+    run = read_run_dir(run_dir)
+    telemetry = ProgramTelemetry(run_dir, kind=program.get("kind", "script"), log_format=program.get("log_format"))
+    return telemetry.install(run, resolved_layout(run), run_constants(run, telemetry.world),
+                             status=lambda data: write_json(run_dir / STATUS_FILE, data))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -48,10 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         print(e.code, file=sys.stderr)
         return EXIT_USAGE
-    from ..telemetry.wrapper import ProgramTelemetry  # noqa: PLC0415  (torch: after the checks above)
-
-    telemetry = ProgramTelemetry(run_dir, kind=program.get("kind", "script"),
-                                 log_format=program.get("log_format")).install()
+    telemetry = install_telemetry(run_dir, program)
     script = program["argv"][0]
     if program.get("cwd"):
         os.chdir(program["cwd"])

@@ -29,8 +29,10 @@ import importlib.abc
 import importlib.util
 import math
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -123,25 +125,26 @@ class ProgramTelemetry:
         self.own_s = 0.0                  # time spent in end_step (the cross-rank reduce and the sinks included)
         self._own_last = 0.0
         self._finder = None
+        self._queue: queue.Queue = queue.Queue()
+        self._writer: threading.Thread | None = None
         self._forward_hook = None
         self._constants = None
+        self._status = None
         self._sources: dict[str, str] = {}
 
     # --- installation ------------------------------------------------------------------------------
-    def install(self) -> "ProgramTelemetry":
+    def install(self, run, layout, constants, status=None) -> "ProgramTelemetry":
+        """``run``: the RunDir; ``layout``: its resolved Layout; ``constants``: its RunConstants; ``status``:
+        ``status(data)`` writes train_status.json (the caller knows where the trainer keeps it)."""
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
         import torch.distributed.distributed_c10d as c10d  # noqa: PLC0415
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook  # noqa: PLC0415
 
-        from ..rundir import read_run_dir  # noqa: PLC0415
-        from ..train.session import resolved_layout, run_constants  # noqa: PLC0415
-
-        self.run_dir = read_run_dir(self.run_dir_path)
-        layout = resolved_layout(self.run_dir)
+        self.run_dir, self.layout, self._status = run, layout, status
         self.pp = layout.pp or 1
         self.comm.set_dp_ranks(dp_ranks_of(self.rank, layout.tp or 1, layout.dp or 1))
-        self._constants = run_constants(self.run_dir, self.world)
+        self._constants = constants
         if torch.cuda.is_available():
             from .devicetime import DeviceClock  # noqa: PLC0415
 
@@ -384,10 +387,25 @@ class ProgramTelemetry:
                               lr=lr if lr is not None else 0.0, grad_norm=grad_norm, hosts=self.hosts)
         record = replace(record, telemetry_source=self.sources())
         self.last_record = record
-        for sink in self.sinks:
-            sink.write(record)
-        if self.stragglers is not None:
-            self.stragglers.observe(record, self.sinks)
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_records, name="orch-telemetry-sinks", daemon=True)
+            self._writer.start()
+        self._queue.put(record)
+
+    def _write_records(self) -> None:
+        """Rank 0's sink thread: metrics.jsonl, the progress line, W&B and the straggler watch, off the
+        training thread (their I/O never delays a step)."""
+        while True:
+            record = self._queue.get()
+            if record is None:
+                return
+            try:
+                for sink in self.sinks:
+                    sink.write(record)
+                if self.stragglers is not None:
+                    self.stragglers.observe(record, self.sinks)
+            except Exception as e:  # noqa: BLE001  (telemetry must never stop the program)
+                note(f"warning: writing the record of step {record.step} failed: {e}")
 
     def _gather_hosts(self) -> None:
         from ..node import host_name  # noqa: PLC0415
@@ -420,13 +438,12 @@ class ProgramTelemetry:
         from .sinks import METRICS_FILE, ConsoleSink, JsonlSink, truncate_metrics  # noqa: PLC0415
         from .straggler import StragglerWatch  # noqa: PLC0415
         from .wandb_sink import open_wandb_sink  # noqa: PLC0415
-        from ..train.session import resolved_layout  # noqa: PLC0415
 
         run = self.run_dir
         metrics = run.path / METRICS_FILE
         truncate_metrics(metrics, 0)      # a new start of the program starts at step 1 (its own resume is its own)
         sink = open_wandb_sink(run_dir=run.path, spec=run.spec, spec_data=spec_to_data(run.spec),
-                               chosen=run.plan.get("chosen") or {}, layout_tag=resolved_layout(run).tag(),
+                               chosen=run.plan.get("chosen") or {}, layout_tag=self.layout.tag(),
                                engine=f"program:{self.log_format or self.kind}")
         self.sinks = [JsonlSink(metrics), ConsoleSink(run.spec.training.train_iters)] + ([sink] if sink else [])
         self.stragglers = StragglerWatch(run.path)
@@ -464,12 +481,10 @@ class ProgramTelemetry:
 
     def write_status(self, code: int, *, state: str | None = None) -> None:
         """train_status.json (rank 0): how this attempt of the program ended."""
-        if self.rank != 0:
+        if self.rank != 0 or self._status is None:
             return
-        from ..train.trainer import STATUS_FILE, write_json  # noqa: PLC0415
-
         state = state or ("finished" if code == 0 else "failed")
-        write_json(self.run_dir_path / STATUS_FILE, {
+        self._status({
             "state": state, "step": self.step, "exit_code": code, "signal": self.signal_name,
             "program": self.kind, "attempt": int(os.environ.get("SLURM_RESTART_COUNT", "0")) + 1,
             "time_unix": time.time()})
@@ -478,6 +493,9 @@ class ProgramTelemetry:
         if self._closed:
             return
         self._closed = True
+        if self._writer is not None:           # every queued record is written first
+            self._queue.put(None)
+            self._writer.join(timeout=60)
         for sink in self.sinks:
             try:
                 sink.close(exit_code=code)
