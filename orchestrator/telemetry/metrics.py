@@ -68,7 +68,7 @@ def mean_loss(rows: list[dict]) -> float | None:
     return sum(losses) / len(losses) if losses else None
 
 
-def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: float, lr: float,
+def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: float, lr: float | None,
                  grad_norm: float | None, moe: dict | None = None, hosts: list[str] | None = None) -> MetricsRecord:
     """The step's record from every rank's ROW (as dicts); ``moe``: the routing metrics (moe.py), if any;
     ``hosts[rank]`` names each rank's node."""

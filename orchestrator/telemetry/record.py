@@ -38,7 +38,8 @@ class MetricsRecord:
                                        minimum=0)
     mem_peak_bytes: int = spec_field(doc="peak memory, max over ranks: accelerator allocator peak, or the "
                                          "process's peak resident set size on CPU", minimum=0)
-    lr: float = spec_field(doc="learning rate used by this step's update", minimum=0)
+    lr: Optional[float] = spec_field(doc="learning rate used by this step's update (null when the program's "
+                                         "optimizer is not seen)", minimum=0)
     grad_norm: Optional[float] = spec_field(doc="global gradient norm before clipping (null when the "
                                                 "engine does not compute it)")
     # --- additions beyond SPEC.md -------------------------------------------------------------------

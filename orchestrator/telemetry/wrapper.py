@@ -197,6 +197,7 @@ class ProgramTelemetry:
             self._side = self._raw["new_group"](backend="gloo",
                                                  timeout=datetime.timedelta(seconds=SIDE_GROUP_TIMEOUT_S))
             self.comm._group_info[id(self._side)] = ("local", self.world)    # never timed
+            self._gather_hosts()        # here, where the ranks have just met, not at a step
 
     # --- DeepSpeed ---------------------------------------------------------------------------------
     def _patch_engine(self, module) -> None:
@@ -355,8 +356,6 @@ class ProgramTelemetry:
         table[self.rank * width:(self.rank + 1) * width] = torch.tensor(mine, dtype=torch.float64)
         table[self.world * width + self.rank] = 1.0 if math.isfinite(loss_value) else 0.0   # NaN would poison the sum
         with torch.profiler.record_function("orch-telemetry"):    # a profiler of the program can tell it apart
-            if self.hosts is None:
-                self._gather_hosts()
             work = self._raw["all_reduce"](table, group=self._side, async_op=True)
         self._complete()
         self._inflight = (work, table, meta)
@@ -384,7 +383,7 @@ class ProgramTelemetry:
             return
         step, lr, grad_norm = meta
         record = build_record(self._constants, rows, step=step, time_unix=time.time(),
-                              lr=lr if lr is not None else 0.0, grad_norm=grad_norm, hosts=self.hosts)
+                              lr=lr, grad_norm=grad_norm, hosts=self.hosts)
         record = replace(record, telemetry_source=self.sources())
         self.last_record = record
         if self._writer is None:
@@ -429,7 +428,7 @@ class ProgramTelemetry:
                                     "0: pp = 1"),
                 "mem_peak_bytes": "torch.cuda.max_memory_allocated()" if device else "peak resident set size",
                 "loss": self._sources.get("loss", "null: the program does not expose it"),
-                "lr": self._sources.get("lr", "0: no torch optimizer step seen"),
+                "lr": self._sources.get("lr", "null: no torch optimizer step seen"),
                 "grad_norm": self._sources.get("grad_norm", "null: the program does not expose it")}
 
     # --- sinks, signals, the end ----------------------------------------------------------------------
