@@ -75,7 +75,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             sys.meta_path.insert(0, self)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        loader, targets = spec.loader, self.targets
+        loader, targets, finder = spec.loader, self.targets, self
 
         class Loader(importlib.abc.Loader):
             def create_module(self, spec_):
@@ -85,6 +85,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                 loader.exec_module(module)
                 targets.pop(name, None)
                 patch(module)
+                if not targets and finder in sys.meta_path:
+                    sys.meta_path.remove(finder)      # nothing left to watch for
 
         spec.loader = Loader()
         return spec
@@ -150,7 +152,7 @@ class ProgramTelemetry:
 
             self._device = DeviceClock(self.comm)
         self._raw = {"all_reduce": dist.all_reduce, "all_gather_object": dist.all_gather_object,
-                     "new_group": dist.new_group, "destroy_process_group": dist.destroy_process_group}
+                     "new_group": dist.new_group}      # the originals: the wrapper's own calls are never timed
         for namespace in (c10d, dist):
             self.comm.install(namespace, OPS)
         for namespace in (c10d, dist):

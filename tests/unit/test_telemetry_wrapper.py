@@ -39,8 +39,10 @@ def test_after_import_hook_patches_the_module_once(tmp_path, monkeypatch):
     try:
         import orch_fake_mod  # noqa: F401
         assert seen == [1] and "orch_fake_mod" not in finder.targets
+        assert finder not in sys.meta_path          # nothing left to watch: it took itself off
     finally:
-        sys.meta_path.remove(finder)
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
         sys.modules.pop("orch_fake_mod", None)
 
 
