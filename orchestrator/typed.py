@@ -304,4 +304,6 @@ def _type_schema(tp: Any) -> dict:
         return {"enum": list(get_args(tp))}
     if get_origin(tp) is list:
         return {"type": "array", "items": _type_schema(get_args(tp)[0])}
+    if get_origin(tp) is dict:
+        return {"type": "object", "additionalProperties": _type_schema(get_args(tp)[1])}
     return {"type": {bool: "boolean", int: "integer", float: "number", str: "string"}[tp]}

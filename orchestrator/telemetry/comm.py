@@ -64,6 +64,24 @@ def bus_factor(op: str, group_size: int) -> float:
     return 1.0
 
 
+def charge(s: CommStats, bucket: str, op: str, size: int, total: float, blocked: float, nbytes: int) -> None:
+    """Add one collective's times (and, for reductions, its bytes) to its bucket of ``s``."""
+    if bucket == "allreduce":
+        s.allreduce_s += total
+        s.allreduce_blocked_s += blocked
+        s.allreduce_bytes += nbytes
+        s.allreduce_bus_bytes += nbytes * bus_factor(op, size)
+    elif bucket == "allgather":
+        s.allgather_s += total
+        s.allgather_blocked_s += blocked
+    elif bucket == "alltoall":
+        s.alltoall_s += total
+        s.alltoall_blocked_s += blocked
+    else:
+        s.other_s += total
+        s.other_blocked_s += blocked
+
+
 class _TimedWork:
     """Wraps the handle of an asynchronous collective so that ``wait()`` is timed."""
 
@@ -94,6 +112,7 @@ class CommTimer:
         self._local = threading.local()
         self._restore: list[tuple[object, str, object]] = []
         self._pending: list[tuple] = []        # CUDA event pairs not yet resolved
+        self.device_hook = None                # devicetime.DeviceClock: CUDA collectives timed on their streams
 
     # --- installation ------------------------------------------------------------------------------
     def install(self, namespace, names=OPS) -> "CommTimer":
@@ -138,6 +157,12 @@ class CommTimer:
             if bucket is None:
                 return fn(*args, **kwargs)
             self._local.depth = 1
+            if self.device_hook is not None and _on_cuda(args, kwargs):
+                try:
+                    nbytes = _message_bytes(tensor_args, args, kwargs) if bucket == "allreduce" else 0
+                    return self.device_hook.call(bucket, op, size, nbytes, fn, args, kwargs)
+                finally:
+                    self._local.depth = 0
             events = _cuda_events(args, kwargs)
             t0 = time.perf_counter()
             try:
@@ -162,21 +187,7 @@ class CommTimer:
         return timed
 
     def _charge(self, bucket: str, op: str, size: int, total: float, blocked: float, nbytes: int) -> None:
-        s = self.stats
-        if bucket == "allreduce":
-            s.allreduce_s += total
-            s.allreduce_blocked_s += blocked
-            s.allreduce_bytes += nbytes
-            s.allreduce_bus_bytes += nbytes * bus_factor(op, size)
-        elif bucket == "allgather":
-            s.allgather_s += total
-            s.allgather_blocked_s += blocked
-        elif bucket == "alltoall":
-            s.alltoall_s += total
-            s.alltoall_blocked_s += blocked
-        else:
-            s.other_s += total
-            s.other_blocked_s += blocked
+        charge(self.stats, bucket, op, size, total, blocked, nbytes)
 
     def _classify(self, op: str, group) -> tuple[str | None, int]:
         """(bucket, group size); bucket None for a group of one process."""
@@ -204,6 +215,14 @@ class CommTimer:
         if len(ranks) <= 1:
             return "local", len(ranks)
         return ("dp" if frozenset(ranks) == self.dp_ranks else "other"), len(ranks)
+
+
+def _on_cuda(args: tuple, kwargs: dict) -> bool:
+    for value in (*args, *kwargs.values()):
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        if hasattr(value, "is_cuda"):
+            return bool(value.is_cuda)
+    return False
 
 
 def _cuda_events(args: tuple, kwargs: dict):

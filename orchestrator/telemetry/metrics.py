@@ -12,12 +12,14 @@ Each rank contributes a :data:`ROW` of raw numbers; rank 0 turns the rows of all
 - ``allreduce_time_s`` / ``comm_exposed_s``: the slowest rank's time in data-parallel gradient
   reductions / the part of it its training thread was blocked (comm.py); ``allreduce_overhead`` =
   allreduce_time_s / step_time_s;
-- ``mem_peak_bytes``: max over ranks; ``loss``: mean over ranks of each rank's mean micro-batch loss;
+- ``mem_peak_bytes``: max over ranks; ``loss``: mean over the ranks that report one (NaN: none) of each
+  rank's mean micro-batch loss, None when no rank does;
 - ``alltoall_time_s``: the slowest rank's time in all-to-all exchanges; with MoE, the routing metrics of
   moe.py from the counts summed over ranks.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .record import MetricsRecord
@@ -60,7 +62,13 @@ def bubble(compute_s: float, step_s: float) -> float:
     return min(1.0, max(0.0, 1.0 - compute_s / step_s))
 
 
-def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: float, lr: float,
+def mean_loss(rows: list[dict]) -> float | None:
+    """Mean of the ranks' finite losses; None when no rank reported one (a program that does not expose it)."""
+    losses = [r["loss"] for r in rows if r["loss"] is not None and math.isfinite(r["loss"])]
+    return sum(losses) / len(losses) if losses else None
+
+
+def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: float, lr: float | None,
                  grad_norm: float | None, moe: dict | None = None, hosts: list[str] | None = None) -> MetricsRecord:
     """The step's record from every rank's ROW (as dicts); ``moe``: the routing metrics (moe.py), if any;
     ``hosts[rank]`` names each rank's node."""
@@ -72,7 +80,7 @@ def build_record(c: RunConstants, rows: list[dict], *, step: int, time_unix: flo
     tflops = tflops_per_gpu(c.model_flops_per_step, step_time, c.world_size)
     return MetricsRecord(
         step=step, time_unix=time_unix,
-        loss=sum(r["loss"] for r in rows) / len(rows),
+        loss=mean_loss(rows),
         step_time_s=step_time,
         tokens_per_s=tokens_per_s(c, step_time),
         tflops_per_gpu=tflops,

@@ -18,7 +18,8 @@ class MetricsRecord:
 
     step: int = spec_field(doc="optimizer step, 1-based; each step appears once per run", minimum=1)
     time_unix: float = spec_field(doc="wall clock (seconds since the epoch) when the step finished")
-    loss: float = spec_field(doc="training loss of the step: mean over micro-batches and data-parallel ranks")
+    loss: Optional[float] = spec_field(doc="training loss of the step: mean over micro-batches and data-parallel "
+                                           "ranks (null when the program does not expose it)")
     step_time_s: float = spec_field(doc="wall time of the step (data, forward, backward, optimizer), the "
                                         "slowest rank", minimum=0)
     tokens_per_s: float = spec_field(doc="global_batch_size * seq_length / step_time_s", minimum=0)
@@ -37,7 +38,8 @@ class MetricsRecord:
                                        minimum=0)
     mem_peak_bytes: int = spec_field(doc="peak memory, max over ranks: accelerator allocator peak, or the "
                                          "process's peak resident set size on CPU", minimum=0)
-    lr: float = spec_field(doc="learning rate used by this step's update", minimum=0)
+    lr: Optional[float] = spec_field(doc="learning rate used by this step's update (null when the program's "
+                                         "optimizer is not seen)", minimum=0)
     grad_norm: Optional[float] = spec_field(doc="global gradient norm before clipping (null when the "
                                                 "engine does not compute it)")
     # --- additions beyond SPEC.md -------------------------------------------------------------------
@@ -79,6 +81,11 @@ class MetricsRecord:
     slowest_rank: int = spec_field(0, doc="the rank with the longest compute time this step", minimum=0)
     slowest_host: str = spec_field("", doc="the node that rank runs on (SLURM node name, pdsh host or hostname)")
     # --- end stragglers ---
+    # --- user programs (issue 17; telemetry/wrapper.py) ---
+    telemetry_source: Optional[dict[str, str]] = spec_field(
+        None, doc="where each figure came from, field name -> measurement (e.g. step_time_s: 'host wall clock "
+                  "between optimizer steps', loss: 'deepspeed engine.backward'); null for orch's own trainer")
+    # --- end user programs ---
 
 
 def record_fields() -> list[str]:

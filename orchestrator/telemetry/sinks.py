@@ -177,7 +177,8 @@ def progress_line(record: MetricsRecord, total_steps: int) -> str:
     """`[orch-train] step 12/50 loss 4.3121 tokens/s 5120 tflops/gpu 0.0321 mfu 32.1% bubble 0.0%
     allreduce 12.3% mem 512 MiB`"""
     r = record
-    return (f"{PROGRESS_PREFIX} step {r.step}/{total_steps} loss {r.loss:.4f} tokens/s {r.tokens_per_s:.0f} "
+    loss = "-" if r.loss is None else f"{r.loss:.4f}"
+    return (f"{PROGRESS_PREFIX} step {r.step}/{total_steps} loss {loss} tokens/s {r.tokens_per_s:.0f} "
             f"tflops/gpu {r.tflops_per_gpu:.4f} mfu {100 * r.mfu:.1f}% bubble {100 * r.bubble_fraction:.1f}% "
             f"allreduce {100 * r.allreduce_overhead:.1f}% mem {r.mem_peak_bytes / 2**20:.0f} MiB")
 

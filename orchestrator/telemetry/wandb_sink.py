@@ -141,7 +141,11 @@ class WandbSink:
         return str(Path(files).parent) if files else ""
 
     def write(self, record: MetricsRecord) -> None:
-        self.run.log(record_dict(record))
+        values = record_dict(record)
+        source = values.pop("telemetry_source", None)     # per run, not per step: the run's config
+        if source and self.run.config.get("telemetry_source") != source:
+            self.run.config.update({"telemetry_source": source}, allow_val_change=True)
+        self.run.log(values)
 
     def alert(self, title: str, text: str) -> None:
         """A W&B alert (a warning); offline, or when W&B refuses it, a note on stderr and training goes on."""
