@@ -98,6 +98,7 @@ class ZeroEngine(_DeepSpeedBase):
         self.param_count = count_parameters(model) + (ep_size - 1) * local_experts
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         self.dp_rank, self.dp_ranks, self.stage_id = self.rank // cp_size, list(range(self.world)), 0
+        self.dp_size = self.world // cp_size
         self.device = self.engine.device
         self.micro_batch_size = ds_config["train_micro_batch_size_per_gpu"]
         self.grad_accum = ds_config["gradient_accumulation_steps"]
@@ -109,7 +110,7 @@ class ZeroEngine(_DeepSpeedBase):
         """Micro-batch j of this rank's data-parallel group: its chunk of the positions with cp > 1."""
         from .ulysses import sequence_chunk  # noqa: PLC0415
 
-        tokens, labels = self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size)
+        tokens, labels = self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size, dp_size=self.dp_size)
         return sequence_chunk(tokens, self.cp).to(self.device), sequence_chunk(labels, self.cp).to(self.device)
 
     def train_step(self, step: int) -> StepResult:
@@ -170,6 +171,7 @@ class PipeEngine(_DeepSpeedBase):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.dp_rank, self.stage_id = grid.data_parallel_id, grid.get_stage_id()
         self.dp_ranks = dist.get_process_group_ranks(grid.get_data_parallel_group())
+        self.dp_size = len(self.dp_ranks)
         self.device = self.engine.device
         self.micro_batch_size = ds_config["train_micro_batch_size_per_gpu"]
         self.grad_accum = ds_config["gradient_accumulation_steps"]
@@ -182,7 +184,7 @@ class PipeEngine(_DeepSpeedBase):
 
     def _batches(self, step: int):
         for j in range(self.grad_accum):
-            yield self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size)
+            yield self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size, dp_size=self.dp_size)
 
     def train_step(self, step: int) -> StepResult:
         lr = self.current_lr()
