@@ -135,8 +135,12 @@ def check_kept(source: Spec, spec: Spec) -> None:
         raise SpecError(problems)
 
 
-def layout_record(chosen: dict, spec: Spec) -> dict:
-    record = {k: chosen.get(k) for k in LAYOUT_FIELDS}
+def layout_record(spec: Spec) -> dict:
+    """A resolved spec's layout (every parallelism field fixed) and cluster, as resume.json records it."""
+    from .layout import layout_from_spec  # noqa: PLC0415
+
+    layout = layout_from_spec(spec)
+    record = {k: getattr(layout, k) for k in LAYOUT_FIELDS}
     record.update(world_size=spec.world_size, num_nodes=spec.cluster.num_nodes,
                   gpus_per_node=spec.cluster.gpus_per_node, global_batch_size=spec.training.global_batch_size)
     return record
@@ -147,7 +151,8 @@ def layout_record(chosen: dict, spec: Spec) -> dict:
 def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
     """orch's reference trainer (DeepSpeed engine): a copy when the checkpoint's layout is unchanged, else
     DeepSpeed's universal checkpoint (ds_to_universal + checkpoint.load_universal) for the changes verified
-    with DeepSpeed 0.19.8: dp and ZeRO stage among 1, 2, 3 (pp = 1, dense model, no offload)."""
+    with DeepSpeed 0.19.8: dp, and the ZeRO stage between 1 and 2 (pp = 1, dense model, no offload).
+    Every other change is refused, naming it (SpecError, exit 2)."""
     ckpt_keys = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")
     changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in ckpt_keys if old.get(k) != new.get(k))
     if not changes:
@@ -173,15 +178,20 @@ def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
     for side, stage in (("source", old.get("zero_stage")), ("new", new.get("zero_stage"))):
         if not stage:
             _unsupported(changes, f"ZeRO stage 0 in the {side} layout: ds_to_universal reads ZeRO optimizer shards "
-                         "and DeepSpeed loads a universal checkpoint only into a ZeRO-1/2/3 optimizer")
+                         "and DeepSpeed loads a universal checkpoint only into a ZeRO optimizer")
+        if stage == 3:
+            _unsupported(changes, f"ZeRO stage 3 in the {side} layout: DeepSpeed 0.19.8's ZeRO-3 engine loads a "
+                         "universal checkpoint only with zero_pp_rank_N model-state files, which a stage-1/2 "
+                         "checkpoint does not have (its load fails in state_dict_factory); stage 3 to stage 3 is not "
+                         "verified by orch yet")
     return Conversion("universal", changes, "deepspeed.checkpoint.ds_to_universal into the new run dir, loaded with "
                       "ds_config checkpoint: {load_universal: true} at the first start")
 
 
 def _unsupported(changes, reason: str):
     raise SpecError(Problem("layout", f"cannot convert the checkpoint for {', '.join(changes)}: {reason}",
-                            "resize to a layout that changes only dp and the ZeRO stage (1-3), or train the new "
-                            "layout from step 0"))
+                            "resize to a layout that changes only dp and the ZeRO stage (1 or 2), or train the "
+                            "new layout from step 0"))
 
 
 FOLLOWERS = {"orch": follow_reference}     # program kind -> (old layout, new layout, spec) -> Conversion
@@ -246,7 +256,7 @@ def plan_resize(source_dir: str | Path, new_spec: Spec | None = None, *, nodes: 
           "and decay keep their step counts")
     resume = {"source_run_dir": str(run.path.resolve()), "source_step": step,
               "source_checkpoint": str((src_ckpt / f"global_step{step}").resolve()),
-              "program": program_kind(source), "old_layout": layout_record(run.chosen, source),
+              "program": program_kind(source), "old_layout": layout_record(source),
               "lr_schedule": lr}
     return Resize(spec=spec, resume=resume, notes=tuple(notes), follow=follow)
 
@@ -256,7 +266,7 @@ def finish_resume(resize: Resize, plan) -> dict:
     from dataclasses import asdict  # noqa: PLC0415
 
     resume = dict(resize.resume)
-    new = layout_record(plan.chosen, plan.spec)
+    new = layout_record(plan.spec)
     conversion = resize.follow(resume["old_layout"], new, plan.spec)
     resume.update(new_layout=new, conversion={**asdict(conversion), "changes": list(conversion.changes),
                                               "output": f"resume/{conversion.method}/global_step{resume['source_step']}"})

@@ -1,0 +1,121 @@
+"""orch resize / generate --resume-from without training: sizes, refusals, resume.json, status."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from orchestrator.resize import describe
+from orchestrator.rundir import manifest_problems, read_run_dir
+from orchestrator.train import checkpoint
+from tests.conftest import ROOT
+
+SOURCE_STEP = 4
+
+
+def orch(*args: str) -> int:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return exit_info.value.code
+
+
+def _spec_file(tmp_path, **changes):
+    data = yaml.safe_load((ROOT / "examples" / "tiny-gpt-cpu.yaml").read_text())
+    data["training"]["train_iters"] = 8
+    for dotted, value in changes.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    path = tmp_path / f"spec-{len(list(tmp_path.glob('spec-*')))}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def source(tmp_path):
+    """A generated tiny-gpt-cpu run dir (dp 2, ZeRO-2) with a verified (stand-in) checkpoint of step 4."""
+    run = tmp_path / "src"
+    assert orch("generate", str(_spec_file(tmp_path)), "-o", str(run)) == 0
+    step_dir = run / "checkpoints" / checkpoint.tag_for(SOURCE_STEP)
+    step_dir.mkdir(parents=True)
+    (step_dir / "stand-in.bin").write_bytes(b"weights")
+    assert checkpoint.write_manifest(run / "checkpoints", SOURCE_STEP) is None
+    return run
+
+
+def _digests(root):
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_resize_writes_a_run_dir_that_records_where_it_resumes_from(source, tmp_path, capsys):
+    before = _digests(source)
+    new = tmp_path / "new"
+    assert orch("resize", str(source), "--nodes", "1", "--gpus-per-node", "1", "-o", str(new)) == 0
+    assert "checkpoint: universal (dp 2 -> 1)" in capsys.readouterr().err
+    resume = json.loads((new / "resume.json").read_text())
+    assert resume["source_run_dir"] == str(source.resolve()) and resume["source_step"] == SOURCE_STEP
+    assert resume["source_checkpoint"] == str((source / "checkpoints" / "global_step4").resolve())
+    assert (resume["old_layout"]["dp"], resume["new_layout"]["dp"]) == (2, 1)
+    assert resume["old_layout"]["global_batch_size"] == resume["new_layout"]["global_batch_size"] == 16
+    assert resume["conversion"]["method"] == "universal" and resume["conversion"]["changes"] == ["dp 2 -> 1"]
+    run = read_run_dir(new)
+    assert "resume.json" in run.manifest["files"] and manifest_problems(run) == []
+    assert run.ds_config["gradient_accumulation_steps"] == 8 and run.spec.training.global_batch_size == 16
+    assert describe(new).startswith(f"resized continuation of {source.resolve()} from step 4: 1x2 tp1-pp1-dp2-z2")
+    assert describe(source) is None
+    assert _digests(source) == before
+
+
+def test_a_size_the_batch_cannot_divide_names_the_nearest_that_work(source, tmp_path, capsys):
+    new = tmp_path / "new"
+    assert orch("resize", str(source), "--nodes", "3", "-o", str(new)) == 2
+    err = capsys.readouterr().err
+    assert "global_batch_size 16 does not divide by dp 6 * micro_batch_size 2 = 12" in err
+    assert "--nodes 2 (4 GPUs) and --nodes 4 (8 GPUs)" in err
+    assert not new.exists() and not list(tmp_path.glob(".new*"))
+
+
+@pytest.mark.parametrize("args, named", [
+    (("--zero-stage", "3"), "zero_stage 2 -> 3: ZeRO stage 3 in the new layout"),
+    (("--gpus-per-node", "2", "--pipeline", "2", "--zero-stage", "1"), "pp 1 -> 2: a pipeline checkpoint"),
+    (("--zero-stage", "0"), "ZeRO stage 0 in the new layout"),
+], ids=["zero3", "pp2", "zero0"])
+def test_a_change_the_checkpoint_cannot_follow_is_refused_by_name(source, tmp_path, capsys, args, named):
+    new = tmp_path / "new"
+    gpus = () if "--gpus-per-node" in args else ("--gpus-per-node", "1")
+    assert orch("resize", str(source), "--nodes", "1", *gpus, *args, "-o", str(new)) == 2
+    assert named in capsys.readouterr().err
+    assert not new.exists()
+
+
+def test_scale_batch_scales_the_batch_and_the_learning_rate(source, tmp_path, capsys):
+    new = tmp_path / "new"
+    assert orch("resize", str(source), "--nodes", "2", "--scale-batch", "-o", str(new)) == 0
+    spec = read_run_dir(new).spec
+    assert spec.training.global_batch_size == 32 and spec.training.optimizer.lr == pytest.approx(6e-3)
+    assert spec.training.lr_schedule.min_lr == pytest.approx(6e-4) and spec.training.lr_schedule.warmup_iters == 3
+    resume = json.loads((new / "resume.json").read_text())
+    assert "global batch 16 -> 32: peak lr 0.003 -> 0.006" in resume["lr_schedule"]
+
+
+def test_generate_resume_from_refuses_another_training(source, tmp_path, capsys):
+    spec = _spec_file(tmp_path, **{"training.seed": 7, "cluster.gpus_per_node": 1, "parallelism.data": 1})
+    assert orch("generate", str(spec), "-o", str(tmp_path / "new"), "--resume-from", str(source)) == 2
+    assert "training.seed: differs from the source run's" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    spec = _spec_file(tmp_path, **{"cluster.gpus_per_node": 1, "parallelism.data": 1})
+    assert orch("generate", str(spec), "-o", str(tmp_path / "new"), "--resume-from", str(source)) == 0
+    assert json.loads((tmp_path / "new" / "resume.json").read_text())["new_layout"]["dp"] == 1
+
+
+def test_a_run_without_a_checkpoint_cannot_be_resized(tmp_path, capsys):
+    run = tmp_path / "src"
+    assert orch("generate", str(_spec_file(tmp_path)), "-o", str(run)) == 0
+    assert orch("resize", str(run), "--nodes", "1", "--gpus-per-node", "1", "-o", str(tmp_path / "new")) == 2
+    assert "has no intact checkpoint" in capsys.readouterr().err
