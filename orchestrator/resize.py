@@ -151,7 +151,7 @@ def layout_record(spec: Spec) -> dict:
 def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
     """orch's reference trainer (DeepSpeed engine): a copy when the checkpoint's layout is unchanged, else
     DeepSpeed's universal checkpoint (ds_to_universal + checkpoint.load_universal) for the changes verified
-    with DeepSpeed 0.19.8: dp, and the ZeRO stage between 1 and 2 (pp = 1, dense model, no offload).
+    with DeepSpeed 0.19.8: dp at ZeRO-1/2 (and between them) or at ZeRO-3 (pp = 1, dense model, no offload).
     Every other change is refused, naming it (SpecError, exit 2)."""
     ckpt_keys = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")
     changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in ckpt_keys if old.get(k) != new.get(k))
@@ -179,19 +179,20 @@ def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
         if not stage:
             _unsupported(changes, f"ZeRO stage 0 in the {side} layout: ds_to_universal reads ZeRO optimizer shards "
                          "and DeepSpeed loads a universal checkpoint only into a ZeRO optimizer")
-        if stage == 3:
-            _unsupported(changes, f"ZeRO stage 3 in the {side} layout: DeepSpeed 0.19.8's ZeRO-3 engine loads a "
-                         "universal checkpoint only with zero_pp_rank_N model-state files, which a stage-1/2 "
-                         "checkpoint does not have (its load fails in state_dict_factory); stage 3 to stage 3 is not "
-                         "verified by orch yet")
+    if (old.get("zero_stage") == 3) != (new.get("zero_stage") == 3):
+        _unsupported(changes, f"zero_stage {old.get('zero_stage')} -> {new.get('zero_stage')}: DeepSpeed 0.19.8's "
+                     "universal checkpoint keeps the source's model-state files (mp_rank_NN_model_states.pt from "
+                     "ZeRO-1/2, zero_pp_rank_N_mp_rank_NN_model_states.pt from ZeRO-3) and the engine loads only "
+                     "those of its own stage (the load fails in state_dict_factory), so a change into or out of "
+                     "ZeRO-3 does not load")
     return Conversion("universal", changes, "deepspeed.checkpoint.ds_to_universal into the new run dir, loaded with "
                       "ds_config checkpoint: {load_universal: true} at the first start")
 
 
 def _unsupported(changes, reason: str):
     raise SpecError(Problem("layout", f"cannot convert the checkpoint for {', '.join(changes)}: {reason}",
-                            "resize to a layout that changes only dp and the ZeRO stage (1 or 2), or train the "
-                            "new layout from step 0"))
+                            "resize to a layout that changes only dp (and the ZeRO stage between 1 and 2), or "
+                            "train the new layout from step 0"))
 
 
 FOLLOWERS = {"orch": follow_reference}     # program kind -> (old layout, new layout, spec) -> Conversion
@@ -207,11 +208,18 @@ def follower(spec: Spec):
 
 # --- the whole resize ----------------------------------------------------------------------------------------
 
-def source_checkpoint(run) -> tuple[Path, int]:
-    """The source run's checkpoint dir and its newest intact step (read only), or a SpecError."""
-    from .train.checkpoint import checkpoint_dir, resume_choice  # noqa: PLC0415  (no torch at import)
+def source_checkpoint(run, step: int | None = None) -> tuple[Path, int]:
+    """The source run's checkpoint dir and its newest intact step, or ``step`` when it verifies (read only);
+    else a SpecError."""
+    from .train.checkpoint import checkpoint_dir, resume_choice, step_problem  # noqa: PLC0415  (no torch)
 
     ckpt = checkpoint_dir(run.path, run.spec)
+    if step is not None:
+        problem = step_problem(ckpt, step)
+        if problem:
+            raise SpecError(Problem("--step", f"the checkpoint of step {step} under {ckpt} is unusable: {problem}",
+                                    "leave --step out to resume from the newest intact checkpoint"))
+        return ckpt, step
     step = resume_choice(ckpt).step
     if step is None:
         raise SpecError(Problem(str(run.path), f"has no intact checkpoint under {ckpt} to resume from",
@@ -220,9 +228,11 @@ def source_checkpoint(run) -> tuple[Path, int]:
 
 
 def plan_resize(source_dir: str | Path, new_spec: Spec | None = None, *, nodes: int | None = None,
-                gpus_per_node: int | None = None, scale_batch: bool = False, layout: dict | None = None) -> Resize:
+                gpus_per_node: int | None = None, scale_batch: bool = False, layout: dict | None = None,
+                step: int | None = None) -> Resize:
     """The new spec and resume.json for continuing ``source_dir``: from ``new_spec`` (generate --resume-from)
-    or from the source's own spec on ``nodes`` x ``gpus_per_node`` with ``layout`` changes (orch resize). SpecError (exit 2) when the
+    or from the source's own spec on ``nodes`` x ``gpus_per_node`` with ``layout`` changes (orch resize), from
+    its checkpoint of ``step`` (default: the newest intact one). SpecError (exit 2) when the
     sizes cannot divide or the checkpoint cannot follow, before anything is written."""
     from .rundir import read_run_dir  # noqa: PLC0415
 
@@ -244,7 +254,7 @@ def plan_resize(source_dir: str | Path, new_spec: Spec | None = None, *, nodes: 
             spec.training, checkpoint=dataclasses.replace(spec.training.checkpoint, dir="checkpoints")))
         notes.append(f"training.checkpoint.dir {ckpt} is absolute (the source's checkpoints could be overwritten): "
                      "the new run saves under its own checkpoints/")
-    src_ckpt, step = source_checkpoint(run)
+    src_ckpt, step = source_checkpoint(run, step)
     if step >= spec.training.train_iters:
         raise SpecError(Problem(str(run.path), f"its checkpoint is step {step} of train_iters "
                                 f"{spec.training.train_iters}: nothing left to train"))

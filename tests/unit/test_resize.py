@@ -82,7 +82,7 @@ def test_a_size_the_batch_cannot_divide_names_the_nearest_that_work(source, tmp_
 
 
 @pytest.mark.parametrize("args, named", [
-    (("--zero-stage", "3"), "zero_stage 2 -> 3: ZeRO stage 3 in the new layout"),
+    (("--zero-stage", "3"), "zero_stage 2 -> 3: DeepSpeed 0.19.8's universal checkpoint keeps the source's"),
     (("--gpus-per-node", "2", "--pipeline", "2", "--zero-stage", "1"), "pp 1 -> 2: a pipeline checkpoint"),
     (("--zero-stage", "0"), "ZeRO stage 0 in the new layout"),
 ], ids=["zero3", "pp2", "zero0"])
@@ -119,3 +119,23 @@ def test_a_run_without_a_checkpoint_cannot_be_resized(tmp_path, capsys):
     assert orch("generate", str(_spec_file(tmp_path)), "-o", str(run)) == 0
     assert orch("resize", str(run), "--nodes", "1", "--gpus-per-node", "1", "-o", str(tmp_path / "new")) == 2
     assert "has no intact checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("old, new, method", [
+    ((2, 2), (2, 2), "copy"), ((2, 2), (1, 2), "universal"), ((2, 2), (4, 1), "universal"),
+    ((2, 1), (1, 2), "universal"), ((2, 3), (1, 3), "universal"),
+    ((2, 2), (1, 3), None), ((2, 3), (1, 2), None), ((2, 0), (1, 0), None)])
+def test_what_the_reference_trainer_converts(old, new, method):
+    """(dp, zero_stage) -> (dp, zero_stage): verified on CPU with DeepSpeed 0.19.8 (docs/resize.md)."""
+    from orchestrator.errors import SpecError
+    from orchestrator.resize import follow_reference
+    from orchestrator.spec import parse_spec
+    from tests.conftest import spec_data
+
+    layout = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "offload": "none"}
+    before, after = ({**layout, "dp": dp, "zero_stage": z} for dp, z in (old, new))
+    if method is None:
+        with pytest.raises(SpecError, match="cannot convert the checkpoint"):
+            follow_reference(before, after, parse_spec(spec_data()))
+    else:
+        assert follow_reference(before, after, parse_spec(spec_data())).method == method
