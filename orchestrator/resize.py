@@ -155,11 +155,11 @@ def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
     Every other change is refused, naming it (SpecError, exit 2)."""
     ckpt_keys = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")
     changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in ckpt_keys if old.get(k) != new.get(k))
+    if (spec.training.engine or "deepspeed") != "deepspeed":
+        _unsupported(changes or ("the cluster size",), f"training.engine {spec.training.engine}: orch resumes "
+                     "only the DeepSpeed engine's checkpoints in a resized run")
     if not changes:
         return Conversion("copy", (), "the checkpoint's layout is unchanged: its step dir is copied and loaded as is")
-    if (spec.training.engine or "deepspeed") != "deepspeed":
-        _unsupported(changes, f"training.engine {spec.training.engine}: orch converts only the DeepSpeed engine's "
-                     "checkpoints")
     why = {"tp": "the reference trainer's DeepSpeed engine trains with tp 1",
            "pp": "a pipeline checkpoint names parameters by layer index (layer_NN-model_states.pt), the ZeRO engine's "
                  "by module; orch does not map them",

@@ -68,12 +68,17 @@ def converted_problem(source: ResumeSource) -> str | None:
 
 def convert(run_path: str | Path, *, log=print) -> ResumeSource | None:
     """Write and verify the converted checkpoint of a resized run dir (reused when it verifies already).
-    None when the run dir is not a resized one. Never writes outside ``run_path``."""
+    None when the run dir is not a resized one or has a checkpoint of its own (it resumes from that).
+    Never writes outside ``run_path``."""
     run_path = Path(run_path)
     resume = read_resume(run_path)
     if resume is None:
         return None
     out = target(run_path, resume)
+    own = _own_checkpoint(run_path)
+    if own is not None:
+        log(f"the run has a checkpoint of its own (step {own}): it resumes from that, nothing to convert")
+        return None
     if converted_problem(out) is None:
         log(f"converted checkpoint {out.ckpt_dir / checkpoint.tag_for(out.step)} verifies: reused")
         return out
@@ -101,6 +106,13 @@ def convert(run_path: str | Path, *, log=print) -> ResumeSource | None:
     log(f"converted {src} ({resume['conversion']['method']}: {', '.join(resume['conversion'].get('changes') or [])}"
         f") -> {out.ckpt_dir / checkpoint.tag_for(out.step)}, verified")
     return out
+
+
+def _own_checkpoint(run_path: Path) -> int | None:
+    from ..rundir import read_run_dir  # noqa: PLC0415
+
+    run = read_run_dir(run_path)
+    return checkpoint.resume_choice(checkpoint.checkpoint_dir(run.path, run.spec)).step
 
 
 def _ds_to_universal(src: Path, out: Path) -> None:

@@ -56,16 +56,17 @@ def test_resized_run_continues_where_the_source_stopped(tmp_path):
     resume = json.loads((new / "resume.json").read_text())
     assert resume["source_step"] == 4 and resume["conversion"]["changes"] == ["dp 2 -> 1"]
 
-    launched = _orch("launch", str(new), "--wait")
-    log = (new / "logs" / "launch.log").read_text()
-    assert launched.returncode == 0, f"{launched.stderr[-3000:]}\n{log[-6000:]}"
-    assert "[orch-convert] converted" in log and "verified" in log
-    assert "resized run: resumed from" in log and "(universal, step 4)" in log
+    convert = subprocess.run([sys.executable, "-m", "orchestrator.train.convert", str(new)], cwd=ROOT, env=job_env(),
+                             capture_output=True, text=True, timeout=scaled_s(JOB_TIMEOUT_S))
+    assert convert.returncode == 0 and "[orch-convert] converted" in convert.stderr, convert.stderr[-3000:]
     converted = new / "resume" / "universal" / "global_step4"
     assert (converted / "orch_checkpoint.json").is_file() and (converted / "zero").is_dir()
-    again = subprocess.run([sys.executable, "-m", "orchestrator.train.convert", str(new)], cwd=ROOT, env=job_env(),
-                           capture_output=True, text=True, timeout=scaled_s(JOB_TIMEOUT_S))
-    assert again.returncode == 0 and "verifies: reused" in again.stderr, again.stderr
+
+    launched = _orch("launch", str(new), "--wait")          # runs the conversion step again: reused
+    log = (new / "logs" / "launch.log").read_text()
+    assert launched.returncode == 0, f"{launched.stderr[-3000:]}\n{log[-6000:]}"
+    assert "[orch-convert] converted checkpoint" in log and "verifies: reused" in log
+    assert "resized run: resumed from" in log and "(universal, step 4)" in log
 
     assert _digests(source) == before                      # the source run is untouched
     assert [r["step"] for r in load_metrics(new)] == [5, 6]       # after the source's 1-4: every step once
