@@ -49,7 +49,6 @@ def command(spec_path: str, out_dir: str, force: bool, discard_outputs: bool, to
     cost, measured = calibrated_cost(calibration_path, spec, measured_path)
     if resume_from is not None:
         from ..resize import plan_resize, write_resized
-        from .resize import echo_resume
 
         resize = plan_resize(resume_from, spec)
         plan, resume = write_resized(resize, out_dir, top_k=top_k, cost=cost, measured=measured, force=force,
@@ -79,3 +78,12 @@ def echo_written(plan, out) -> None:
     for note in render_megatron_notes(plan) + render_deepspeed_notes(plan):
         click.echo(f"note: {note}", err=True)
     click.echo(str(out))
+
+
+def echo_resume(resume: dict, notes) -> None:
+    conv = resume["conversion"]
+    click.echo(f"resumes {resume['source_run_dir']} at step {resume['source_step']}; checkpoint: {conv['method']}"
+               + (f" ({', '.join(conv['changes'])})" if conv["changes"] else "") + f"; lr schedule: "
+               f"{resume['lr_schedule']}", err=True)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)

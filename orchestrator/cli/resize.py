@@ -26,7 +26,7 @@ def command(run_dir: str, nodes: int, gpus_per_node: int | None, out_dir: str | 
     work) or the checkpoint cannot follow the change (naming it).
     """
     from ..resize import plan_resize, write_resized
-    from .generate import echo_written
+    from .generate import echo_resume, echo_written
 
     layout = {k: v for k, v in (("zero_stage", zero_stage), ("pipeline", pipeline)) if v is not None}
     resize = plan_resize(run_dir, nodes=nodes, gpus_per_node=gpus_per_node, scale_batch=scale_batch, layout=layout,
@@ -36,11 +36,3 @@ def command(run_dir: str, nodes: int, gpus_per_node: int | None, out_dir: str | 
     echo_written(plan, out)
     echo_resume(resume, resize.notes)
 
-
-def echo_resume(resume: dict, notes) -> None:
-    conv = resume["conversion"]
-    click.echo(f"resumes {resume['source_run_dir']} at step {resume['source_step']}; checkpoint: {conv['method']}"
-               + (f" ({', '.join(conv['changes'])})" if conv["changes"] else "") + f"; lr schedule: "
-               f"{resume['lr_schedule']}", err=True)
-    for note in notes:
-        click.echo(f"note: {note}", err=True)
