@@ -63,6 +63,14 @@ class _DeepSpeedBase:
     def load(self, ckpt_dir: Path, step: int) -> int:
         return checkpoint.load(self.engine, ckpt_dir, step)
 
+    def follow_schedule(self) -> None:
+        """After loading another run's checkpoint: the optimizer's learning rate as this run's schedule puts it
+        at the loaded step (the checkpoint holds the source's: different with orch resize --scale-batch)."""
+        scheduler = self.engine.lr_scheduler
+        if scheduler is not None and hasattr(scheduler, "get_lr"):
+            for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_lr()):
+                group["lr"] = lr
+
     def current_lr(self) -> float:
         """The learning rate the next optimizer step will use (the optimizer's, not the scheduler's
         bookkeeping, which lags by one step before the first update)."""
