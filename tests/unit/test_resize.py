@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 
 import pytest
 import yaml
@@ -139,3 +140,38 @@ def test_what_the_reference_trainer_converts(old, new, method):
             follow_reference(before, after, parse_spec(spec_data()))
     else:
         assert follow_reference(before, after, parse_spec(spec_data())).method == method
+
+
+def test_the_copy_conversion_is_verified_idempotent_and_reads_the_source_only(source, tmp_path, capsys):
+    """Same checkpoint layout (a spec as the source's): the step dir is copied into the new run dir, verified,
+    reused by a second run, and a source checkpoint that no longer verifies fails the step (exit 1)."""
+    from orchestrator.train.convert import main as convert_main
+
+    spec = _spec_file(tmp_path)
+    new = tmp_path / "new"
+    assert orch("generate", str(spec), "-o", str(new), "--resume-from", str(source)) == 0
+    assert json.loads((new / "resume.json").read_text())["conversion"]["method"] == "copy"
+    before = _digests(source)
+    assert convert_main([str(new)]) == 0
+    copied = new / "resume" / "copy" / "global_step4"
+    assert (copied / "stand-in.bin").read_bytes() == b"weights"
+    assert checkpoint.step_problem(copied.parent, SOURCE_STEP) is None
+    assert convert_main([str(new)]) == 0 and "verifies: reused" in capsys.readouterr().err
+    assert _digests(source) == before
+
+    other = tmp_path / "other"
+    assert orch("generate", str(spec), "-o", str(other), "--resume-from", str(source)) == 0
+    (source / "checkpoints" / "global_step4" / "stand-in.bin").write_bytes(b"torn")
+    assert convert_main([str(other)]) == 1
+    assert "stand-in.bin has 4 bytes, 7 were written" in capsys.readouterr().err
+    assert not (other / "resume" / "copy").exists()
+
+
+def test_the_local_launch_runs_the_conversion_step_before_torchrun(source, tmp_path):
+    from orchestrator.launch import local
+
+    new = tmp_path / "new"
+    assert orch("resize", str(source), "--nodes", "1", "--gpus-per-node", "1", "-o", str(new)) == 0
+    argv = local.build(read_run_dir(new)).argv
+    assert argv[2].startswith('"$2" -m orchestrator.train.convert . && bash "$0"') and argv[-1] == sys.executable
+    assert "orchestrator.train.convert" not in " ".join(local.build(read_run_dir(source)).argv)
