@@ -259,11 +259,14 @@ def plan_resize(source_dir: str | Path, new_spec: Spec | None = None, *, nodes: 
         raise SpecError(Problem(str(run.path), f"its checkpoint is step {step} of train_iters "
                                 f"{spec.training.train_iters}: nothing left to train"))
     batch_old, batch_new = source.training.global_batch_size, spec.training.global_batch_size
-    lr = ("unchanged" if batch_old == batch_new else
-          f"global batch {batch_old} -> {batch_new}: peak lr {source.training.optimizer.lr:g} -> "
-          f"{spec.training.optimizer.lr:g} and min_lr {source.training.lr_schedule.min_lr:g} -> "
-          f"{spec.training.lr_schedule.min_lr:g} (x{batch_new / batch_old:g}, the linear scaling rule); warm-up "
-          "and decay keep their step counts")
+    old_lr, new_lr = source.training, spec.training
+    why = (f"x{batch_new / batch_old:g}, the linear scaling rule" if new_spec is None else "as the new spec sets them")
+    lr = ("unchanged" if (batch_old, old_lr.optimizer, old_lr.lr_schedule) == (batch_new, new_lr.optimizer,
+                                                                                new_lr.lr_schedule) else
+          f"global batch {batch_old} -> {batch_new}: peak lr {old_lr.optimizer.lr:g} -> {new_lr.optimizer.lr:g} and "
+          f"min_lr {old_lr.lr_schedule.min_lr:g} -> {new_lr.lr_schedule.min_lr:g} ({why}); warm-up "
+          f"{old_lr.lr_schedule.warmup_iters} -> {new_lr.lr_schedule.warmup_iters} steps, decay to step "
+          f"{new_lr.train_iters}")
     resume = {"source_run_dir": str(run.path.resolve()), "source_step": step,
               "source_checkpoint": str((src_ckpt / f"global_step{step}").resolve()),
               "program": program_kind(source), "old_layout": layout_record(source),

@@ -102,7 +102,8 @@ def test_scale_batch_scales_the_batch_and_the_learning_rate(source, tmp_path, ca
     assert spec.training.global_batch_size == 32 and spec.training.optimizer.lr == pytest.approx(6e-3)
     assert spec.training.lr_schedule.min_lr == pytest.approx(6e-4) and spec.training.lr_schedule.warmup_iters == 3
     resume = json.loads((new / "resume.json").read_text())
-    assert "global batch 16 -> 32: peak lr 0.003 -> 0.006" in resume["lr_schedule"]
+    assert resume["lr_schedule"] == ("global batch 16 -> 32: peak lr 0.003 -> 0.006 and min_lr 0.0003 -> 0.0006 (x2, "
+                                     "the linear scaling rule); warm-up 3 -> 3 steps, decay to step 8")
 
 
 def test_generate_resume_from_refuses_another_training(source, tmp_path, capsys):
