@@ -248,13 +248,13 @@ def plan_resize(source_dir: str | Path, new_spec: Spec | None = None, *, nodes: 
         spec = new_spec
     check_kept(source, spec)
     notes = []
+    src_ckpt, step = source_checkpoint(run, step)
     ckpt = Path(spec.training.checkpoint.dir)
-    if ckpt.is_absolute():
+    if ckpt.is_absolute() and ckpt.resolve() == src_ckpt.resolve():
         spec = dataclasses.replace(spec, training=dataclasses.replace(
             spec.training, checkpoint=dataclasses.replace(spec.training.checkpoint, dir="checkpoints")))
-        notes.append(f"training.checkpoint.dir {ckpt} is absolute (the source's checkpoints could be overwritten): "
-                     "the new run saves under its own checkpoints/")
-    src_ckpt, step = source_checkpoint(run, step)
+        notes.append(f"training.checkpoint.dir {ckpt} is the source run's: the new run saves under its own "
+                     "checkpoints/ instead (the source's files are never written)")
     if step >= spec.training.train_iters:
         raise SpecError(Problem(str(run.path), f"its checkpoint is step {step} of train_iters "
                                 f"{spec.training.train_iters}: nothing left to train"))
