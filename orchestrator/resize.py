@@ -97,6 +97,11 @@ def size_problem(spec: Spec) -> str | None:
     if batch % (dp * mb):
         return (f"training.global_batch_size {batch} does not divide by dp {dp} * micro_batch_size {mb} = "
                 f"{dp * mb}")
+    grid = (p.expert or 1) * (p.expert_tensor or 1) if spec.model.moe is not None else 1
+    per_stage = spec.world_size // (p.pipeline or 1)
+    if per_stage % grid:
+        return (f"the expert grid expert({p.expert or 1}) * expert_tensor({p.expert_tensor or 1}) = {grid} needs a "
+                f"multiple of {grid} ranks per pipeline stage, this size has {per_stage}")
     rejected: list[Problem] = []
     if next(iter(enumerate_layouts(spec, rejected)), None) is None:
         return str(rejected[0]) if rejected else "no layout satisfies the parallelism rules"

@@ -176,3 +176,16 @@ def test_the_local_launch_runs_the_conversion_step_before_torchrun(source, tmp_p
     argv = local.build(read_run_dir(new)).argv
     assert argv[2].startswith('"$2" -m orchestrator.train.convert . && bash "$0"') and argv[-1] == sys.executable
     assert "orchestrator.train.convert" not in " ".join(local.build(read_run_dir(source)).argv)
+
+
+def test_an_expert_grid_the_new_size_cannot_hold_names_the_nearest_sizes():
+    from orchestrator.errors import SpecError
+    from orchestrator.plan import build_plan
+    from orchestrator.resize import check_size, resize_spec
+    from orchestrator.spec import load_spec
+
+    source = build_plan(load_spec(ROOT / "examples" / "tiny-moe-cpu.yaml")).spec      # ep 2 on 2 ranks
+    with pytest.raises(SpecError) as error:
+        check_size(lambda n: resize_spec(source, nodes=n, gpus_per_node=1), 1, 1)
+    assert ("the expert grid expert(2) * expert_tensor(1) = 2 needs a multiple of 2 ranks per pipeline stage, this "
+            "size has 1 (nearest sizes that work: --nodes 2 (2 GPUs))") in str(error.value)
