@@ -135,7 +135,8 @@ def check_kept(source: Spec, spec: Spec) -> None:
                         "a resized run continues the source's training: keep it as in the source spec")
                 for path in KEPT if _get(source, path) != _get(spec, path)]
     if program_kind(source) != program_kind(spec):
-        problems.append(Problem("program", f"{program_kind(spec)!r} differs from the source's {program_kind(source)!r}"))
+        problems.append(Problem("program", f"{program_kind(spec)!r} differs from the source's "
+                                f"{program_kind(source)!r}"))
     if problems:
         raise SpecError(problems)
 
@@ -177,7 +178,8 @@ def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
     if spec.model.moe is not None:
         _unsupported(changes, "a MoE model: its expert checkpoint files are not converted")
     if (old.get("pp") or 1) > 1:
-        _unsupported(changes, f"pp {old.get('pp')}: a pipeline checkpoint is converted only when its layout is unchanged")
+        _unsupported(changes, f"pp {old.get('pp')}: a pipeline checkpoint is converted only when its layout is "
+                     "unchanged")
     if old.get("offload") not in (None, "none"):
         _unsupported(changes, f"offload {old.get('offload')}: {why['offload']}")
     for side, stage in (("source", old.get("zero_stage")), ("new", new.get("zero_stage"))):
@@ -286,8 +288,9 @@ def finish_resume(resize: Resize, plan) -> dict:
     resume = dict(resize.resume)
     new = layout_record(plan.spec)
     conversion = resize.follow(resume["old_layout"], new, plan.spec)
+    output = f"resume/{conversion.method}/global_step{resume['source_step']}"
     resume.update(new_layout=new, conversion={**asdict(conversion), "changes": list(conversion.changes),
-                                              "output": f"resume/{conversion.method}/global_step{resume['source_step']}"})
+                                              "output": output})
     return resume
 
 

@@ -13,10 +13,12 @@ import click
 @click.option("--scale-batch", is_flag=True, help="Scale the global batch with the data-parallel size (and the "
               "learning rate with it: the linear scaling rule) instead of keeping it.")
 @click.option("--zero-stage", type=click.IntRange(0, 3), help="Also change the ZeRO stage (default: the run's).")
-@click.option("--pipeline", type=click.IntRange(min=1), help="Also change the pipeline-parallel size (default: the run's).")
+@click.option("--pipeline", type=click.IntRange(min=1),
+              help="Also change the pipeline-parallel size (default: the run's).")
 @click.option("--step", type=click.IntRange(min=1), help="Resume from RUN_DIR's checkpoint of this step (default: "
               "its newest intact one).")
-@click.option("--force", is_flag=True, help="Replace an existing run dir that orch generated (as `orch generate --force`).")
+@click.option("--force", is_flag=True,
+              help="Replace an existing run dir that orch generated (as `orch generate --force`).")
 def command(run_dir: str, nodes: int, gpus_per_node: int | None, out_dir: str | None, scale_batch: bool,
             zero_stage: int | None, pipeline: int | None, step: int | None, force: bool) -> None:
     """Re-plan RUN_DIR's spec for NODES x GPUS_PER_NODE (same model, precision and engine; same global batch
