@@ -30,7 +30,8 @@ SCRIPT = ROOT / "examples" / "programs" / "ds_train.py"
 def make_run_dir(spec_path: Path, out: Path, steps: int) -> Path:
     from orchestrator.plan import build_plan
     from orchestrator.rundir import write_run_dir
-    from orchestrator.spec import parse_spec, read_spec_data
+    from orchestrator.spec import read_spec_data
+    from orchestrator.spec_loader import parse_spec
 
     data = read_spec_data(spec_path)
     data["training"]["train_iters"] = steps

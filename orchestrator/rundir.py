@@ -31,6 +31,8 @@ GENERATED_FILES = ("ds_config.json", "megatron_args.txt", "megatron_config.json"
 # Written by `orch generate --plot`, kept out of the manifest: a picture's bytes follow the matplotlib release and
 # its fonts, and the manifest stays the same with or without it (the picture is drawn from plan.json, which is hashed).
 PICTURES = ("plan.png",)
+# Written only by some run dirs, listed in the manifest when present: resume.json (orch resize, generate --resume-from).
+OPTIONAL_FILES = ("resume.json",)
 
 
 def dump_json(data) -> str:
@@ -88,11 +90,12 @@ def render_manifest(plan: Plan, files: dict[str, str]) -> str:
 
 
 def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False, discard_outputs: bool = False,
-                  pictures: dict[str, bytes] | None = None) -> Path:
+                  pictures: dict[str, bytes] | None = None, extra_files: dict[str, str] | None = None) -> Path:
     """Write the run dir atomically. An existing directory is refused unless ``force``; even then only a
     run dir orch generated is replaced, never while a job uses it, and never with training outputs or other
     files in it (named in the error) unless ``discard_outputs``. ``pictures``: PICTURES name -> PNG bytes,
-    written with the rest and left out of the manifest."""
+    written with the rest and left out of the manifest. ``extra_files``: OPTIONAL_FILES name -> text, listed in the
+    manifest."""
     out = Path(out_dir)
     try:
         os.lstat(out)
@@ -109,6 +112,7 @@ def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False, disca
                                 "replaced while in use", "run orch from another directory (e.g. `cd ..`) and "
                                 "name the run dir with -o"))
     files = render_run_dir(plan)
+    files.update(extra_files or {})
     files[MANIFEST] = render_manifest(plan, files)
     tmp = None
     try:
@@ -158,7 +162,8 @@ def _replace(tmp: Path, out: Path, *, discard_outputs: bool) -> None:
     with locked(out, f"{out} is in use by a running job or another orch command; --force will not replace it "
                      f"(see `orch status {out}`)"):
         extra = sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir()
-                       if p.name not in (*GENERATED_FILES, *PICTURES, PROGRAM_FILE, MANIFEST, LOCK_FILE))
+                       if p.name not in (*GENERATED_FILES, *OPTIONAL_FILES, *PICTURES, PROGRAM_FILE, MANIFEST,
+                                         LOCK_FILE))
         if extra and not discard_outputs:
             raise SpecError(Problem(str(out), "--force would delete what orch did not generate: " + ", ".join(extra),
                                     "add --discard-outputs to delete them too, or generate into a new directory"))

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "Check specs, ds_config.json, Megatron arguments or run dirs."),
     "plan": ("plan", "Search parallel layouts and rank them by predicted step time."),
     "generate": ("generate", "Write a run dir: DeepSpeed/Megatron configs, launch scripts, plan."),
+    "resize": ("resize", "Continue a run dir on another cluster size: re-plan, convert its checkpoint."),
     "launch": ("launch", "Run a run dir locally, on SLURM or over pdsh."),
     "status": ("status", "Show the scheduler state of a launched run dir."),
     "cancel": ("cancel", "Cancel a launched run dir's job."),

@@ -8,7 +8,7 @@ import click
 
 @click.command(name="status")
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print {backend, job_id, state, straggler} as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print {backend, job_id, state, straggler, resized} as JSON.")
 def command(run_dir, as_json) -> None:
     """Print the job state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...) and the persistent
     straggler the job named, if any.
@@ -19,16 +19,20 @@ def command(run_dir, as_json) -> None:
     """
     from ..launch import backend_module
     from ..launch.base import CommandRunner, JobRecord, JobState
+    from ..resize import describe
     from ..telemetry.straggler import read_straggler
 
     record = JobRecord.load(run_dir)
     state = backend_module(record.backend).status(record, CommandRunner())
     straggler = read_straggler(run_dir)
+    resized = describe(run_dir)
     if as_json:
         click.echo(json.dumps({"backend": record.backend, "job_id": record.job_id, "state": state.value,
-                               "straggler": straggler}))
+                               "straggler": straggler, "resized": resized}))
     else:
         click.echo(f"{record.backend} job {record.job_id}: {state.value}")
+        if resized:
+            click.echo(resized)
         if straggler:
             click.echo(f"straggler: rank {straggler['rank']} on {straggler['host']}: {straggler['spread']:.2f}x the "
                        f"median rank's compute time, steps {straggler['since_step']}-{straggler['step']}")

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import OrchError
+from ..resize import RESUME_FILE
 from ..rundir import RunDir
 from ..runlock import holders
 from .base import (LOG_DIR, CommandRunner, JobRecord, JobState, LaunchFailed, LaunchPlan,  # noqa: F401
@@ -37,6 +38,9 @@ def build(run: RunDir, *, master_port: int | None = None) -> LaunchPlan:
            "ORCH_TORCHRUN_ARGS": f"--log-dir {logs / 'torchrun'} --redirects 3 --tee 3"}
     wrapper = 'bash "$0"; code=$?; echo "$code" > "$1"; exit "$code"'
     argv = ["bash", "-c", wrapper, "launch_local.sh", str(logs / EXIT_CODE_FILE)]
+    if (run.path / RESUME_FILE).is_file():      # a resized run: its conversion step runs before torchrun
+        wrapper = '"$2" -m orchestrator.train.convert . && bash "$0"; code=$?; echo "$code" > "$1"; exit "$code"'
+        argv = ["bash", "-c", wrapper, "launch_local.sh", str(logs / EXIT_CODE_FILE), sys.executable]
     return LaunchPlan(backend="local", argv=argv, cwd=run.path, env=env)
 
 

@@ -45,6 +45,14 @@ class _DeepSpeedBase:
     def load(self, ckpt_dir: Path, step: int) -> int:
         return checkpoint.load(self.engine, ckpt_dir, step)
 
+    def follow_schedule(self) -> None:
+        """After loading another run's checkpoint: the optimizer's learning rate as this run's schedule puts it
+        at the loaded step (the checkpoint holds the source's: different with orch resize --scale-batch)."""
+        scheduler = self.engine.lr_scheduler
+        if scheduler is not None and hasattr(scheduler, "get_lr"):
+            for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_lr()):
+                group["lr"] = lr
+
     def current_lr(self) -> float:
         """The learning rate the next optimizer step will use (the optimizer's, not the scheduler's
         bookkeeping, which lags by one step before the first update)."""
@@ -80,6 +88,7 @@ class ZeroEngine(_DeepSpeedBase):
         self.param_count = count_parameters(model) + (ep_size - 1) * local_experts
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         self.dp_rank, self.dp_ranks, self.stage_id = self.rank // cp_size, list(range(self.world)), 0
+        self.dp_size = self.world // cp_size
         self.device = self.engine.device
         self.micro_batch_size = ds_config["train_micro_batch_size_per_gpu"]
         self.grad_accum = ds_config["gradient_accumulation_steps"]
@@ -91,7 +100,7 @@ class ZeroEngine(_DeepSpeedBase):
         """Micro-batch j of this rank's data-parallel group: its chunk of the positions with cp > 1."""
         from .ulysses import sequence_chunk  # noqa: PLC0415
 
-        tokens, labels = self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size)
+        tokens, labels = self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size, dp_size=self.dp_size)
         return sequence_chunk(tokens, self.cp).to(self.device), sequence_chunk(labels, self.cp).to(self.device)
 
     def train_step(self, step: int) -> StepResult:
@@ -152,6 +161,7 @@ class PipeEngine(_DeepSpeedBase):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.dp_rank, self.stage_id = grid.data_parallel_id, grid.get_stage_id()
         self.dp_ranks = dist.get_process_group_ranks(grid.get_data_parallel_group())
+        self.dp_size = len(self.dp_ranks)
         self.device = self.engine.device
         self.micro_batch_size = ds_config["train_micro_batch_size_per_gpu"]
         self.grad_accum = ds_config["gradient_accumulation_steps"]
@@ -164,7 +174,7 @@ class PipeEngine(_DeepSpeedBase):
 
     def _batches(self, step: int):
         for j in range(self.grad_accum):
-            yield self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size)
+            yield self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size, dp_size=self.dp_size)
 
     def train_step(self, step: int) -> StepResult:
         lr = self.current_lr()

@@ -241,6 +241,7 @@ class MegatronEngine:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.micro_batch_size = spec.parallelism.micro_batch_size or config.get("micro_batch_size", 1)
         self.grad_accum = t.global_batch_size // (self.micro_batch_size * dp_size)
+        self.dp_size = dp_size
         self._timed_step = busy.wrap(self.optimizer.step)
         _time_schedule(busy)
 
@@ -258,7 +259,7 @@ class MegatronEngine:
 
     def _batches(self, step: int):
         for j in range(self.grad_accum):
-            yield self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size)
+            yield self.dataset.micro_batch(step, self.dp_rank, j, self.micro_batch_size, dp_size=self.dp_size)
 
     def train_step(self, step: int) -> StepResult:
         import torch.distributed as dist  # noqa: PLC0415

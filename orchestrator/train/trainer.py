@@ -106,6 +106,7 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
 
     from deepspeed.accelerator import get_accelerator  # noqa: PLC0415
 
+    from .convert import resume_source  # noqa: PLC0415
     from .data import build_dataset  # noqa: PLC0415
     from .engine import build_engine  # noqa: PLC0415
     from ..telemetry.comm import ALLTOALL  # noqa: PLC0415
@@ -127,10 +128,11 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
     session.install_comm(ds_comm.cdb)
     session.install_comm(dist, ALLTOALL)      # the trainer's own all-to-alls (MoE dispatch, Ulysses)
     session.start_wandb(run_dir)
-    engine = build_engine(spec, run_dir.ds_config, build_dataset(spec, run_dir.path), session.busy,
-                          resolved_layout(run_dir))
+    source = resume_source(run_dir, resume=options.resume, rank=rank)     # a resized run's converted checkpoint
+    ds_config = source.ds_config(run_dir.ds_config) if source else run_dir.ds_config
+    engine = build_engine(spec, ds_config, build_dataset(spec, run_dir.path), session.busy, resolved_layout(run_dir))
     session.comm.set_dp_ranks(engine.dp_ranks)
-    code = train_loop(run_dir, options, engine, session, rank)
+    code = train_loop(run_dir, options, engine, session, rank, source)
     engine.close()
     dist.destroy_process_group()
     return code
@@ -176,8 +178,9 @@ def _run_megatron(run_dir, options: TrainOptions) -> int:
     return code
 
 
-def resume_step(run_dir, options: TrainOptions, engine, rank: int) -> int:
-    """Load the newest intact checkpoint when resuming; drop metrics records after it. Returns the start step."""
+def resume_step(run_dir, options: TrainOptions, engine, rank: int, source=None) -> int:
+    """Load the newest intact checkpoint when resuming (else a resized run's converted ``source``); drop
+    metrics records after it. Returns the start step."""
     import torch.distributed as dist  # noqa: PLC0415
 
     from ..telemetry.sinks import METRICS_FILE, truncate_metrics  # noqa: PLC0415
@@ -186,6 +189,12 @@ def resume_step(run_dir, options: TrainOptions, engine, rank: int) -> int:
     choice = [choose_checkpoint(ckpt_dir) if rank == 0 and options.resume else None]
     dist.broadcast_object_list(choice, src=0)      # every rank loads the step rank 0 verified
     start = engine.load(ckpt_dir, choice[0]) if choice[0] is not None else 0
+    if choice[0] is None and source is not None:
+        start = engine.load(source.ckpt_dir, source.step)
+        engine.follow_schedule()
+        if rank == 0:
+            log(f"resized run: resumed from {source.ckpt_dir / checkpoint.tag_for(source.step)} ({source.method}, "
+                f"step {start})")
     if rank == 0:
         dropped = truncate_metrics(run_dir.path / METRICS_FILE, start)
         if choice[0] is not None:
@@ -237,14 +246,14 @@ def fail_if_injected(step: int, rank: int) -> None:
         os._exit(EXIT_INJECTED_FAULT)
 
 
-def train_loop(run_dir, options: TrainOptions, engine, session, rank: int) -> int:
+def train_loop(run_dir, options: TrainOptions, engine, session, rank: int, source=None) -> int:
     """Resume, run the steps, checkpoint; returns EXIT_OK or EXIT_PREEMPTED (all ranks agree)."""
     import torch.distributed as dist  # noqa: PLC0415
 
     spec = run_dir.spec
     ckpt_dir = checkpoint.checkpoint_dir(run_dir.path, spec)
     interval = spec.training.checkpoint.interval
-    start = resume_step(run_dir, options, engine, rank)
+    start = resume_step(run_dir, options, engine, rank, source)
     last = spec.training.train_iters if options.max_steps is None else min(options.max_steps,
                                                                            spec.training.train_iters)
     _write_info(run_dir, engine, session, start, rank)

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from orchestrator.estimate.params import estimate_params, model_shape  # noqa: E402
 from orchestrator.spec_loader import parse_spec  # noqa: E402
 from orchestrator.train import checkpoint  # noqa: E402
-from orchestrator.train.data import MarkovTokens, ByteTextTokens, batch_seed  # noqa: E402
+from orchestrator.train.data import MarkovTokens, ByteTextTokens, sample_seed  # noqa: E402
 from orchestrator.train.model import GPT, count_parameters  # noqa: E402
 
 LLAMA_LIKE = {"model.gated_mlp": True, "model.num_query_groups": 2, "model.normalization": "rmsnorm",
@@ -35,7 +35,7 @@ def test_model_starts_near_uniform_and_learns(overrides):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for step in range(1, 9):
-        tokens, labels = data.micro_batch(step, 0, 0, 4)
+        tokens, labels = data.micro_batch(step, 0, 0, 4, dp_size=1)
         loss = model(tokens, labels)
         loss.backward()
         opt.step()
@@ -48,7 +48,7 @@ def test_model_starts_near_uniform_and_learns(overrides):
 def test_recompute_gives_the_same_gradients():
     spec = parse_spec(spec_data())
     data = MarkovTokens(512, 128, seed=1)
-    tokens, labels = data.micro_batch(1, 0, 0, 2)
+    tokens, labels = data.micro_batch(1, 0, 0, 2, dp_size=1)
     grads = []
     for recompute in ("none", "selective", "full"):
         torch.manual_seed(0)
@@ -58,38 +58,49 @@ def test_recompute_gives_the_same_gradients():
     assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
 
 
-def test_synthetic_data_is_a_pure_function_of_step_rank_micro():
+def test_synthetic_data_is_a_pure_function_of_step_and_sample():
     a, b = MarkovTokens(512, 16, seed=7), MarkovTokens(512, 16, seed=7)
-    t1, l1 = a.micro_batch(5, 1, 2, 3)
-    t2, l2 = b.micro_batch(5, 1, 2, 3)
+    t1, l1 = a.micro_batch(5, 1, 2, 3, dp_size=2)
+    t2, l2 = b.micro_batch(5, 1, 2, 3, dp_size=2)
     assert torch.equal(t1, t2) and torch.equal(l1, l2)
     assert torch.equal(t1[:, 1:], l1[:, :-1]) and t1.shape == (3, 16)
-    assert not torch.equal(t1, a.micro_batch(5, 0, 2, 3)[0])
-    assert not torch.equal(t1, a.micro_batch(6, 1, 2, 3)[0])
-    assert len({batch_seed(1, s, r, m) for s in range(20) for r in range(4) for m in range(4)}) == 320
+    assert not torch.equal(t1, a.micro_batch(5, 0, 2, 3, dp_size=2)[0])
+    assert not torch.equal(t1, a.micro_batch(6, 1, 2, 3, dp_size=2)[0])
+    assert len({sample_seed(1, s, k) for s in range(20) for k in range(64)}) == 20 * 64
     assert int(t1.max()) < 512
+
+
+@pytest.mark.parametrize("layout", [(1, 8, 2), (2, 4, 2), (4, 1, 4), (8, 2, 1)], ids=lambda t: "dp%d-ga%d-mb%d" % t)
+def test_every_layout_sees_the_same_global_batch(layout):
+    """A step's global batch (16 samples, in the order of their index) is the same under any dp x
+    accumulation x micro-batch: what lets a resized run continue with the samples of the unresized one."""
+    data = MarkovTokens(512, 8, seed=3)
+    reference = data.micro_batch(4, 0, 0, 16, dp_size=1)[0]
+    dp, ga, mb = layout
+    parts = {(j * dp + r) * mb: data.micro_batch(4, r, j, mb, dp_size=dp)[0] for r in range(dp) for j in range(ga)}
+    assert torch.equal(torch.cat([parts[k] for k in sorted(parts)]), reference)
 
 
 def test_synthetic_data_follows_its_markov_chain():
     """Every transition is one of the token's 4 successors, and the chain's walk is the one the seed draws."""
     data = MarkovTokens(512, 64, seed=3)
-    tokens, labels = data.micro_batch(2, 0, 1, 4)
+    tokens, labels = data.micro_batch(2, 0, 1, 4, dp_size=1)
     for row_t, row_l in zip(tokens.tolist(), labels.tolist()):
         assert all(b in data.successors[a].tolist() for a, b in zip(row_t, row_l))
-    g = torch.Generator().manual_seed(batch_seed(3, 2, 0, 1))
-    first = torch.randint(512, (4,), generator=g)
-    choice = torch.multinomial(data.probs, 4 * 64, replacement=True, generator=g).view(4, 64)
-    walk = [first]                                   # the chain walked with tensor indexing, column by column
+    g = torch.Generator().manual_seed(sample_seed(3, 2, 4))      # micro-batch 1 of 4 samples starts at sample 4
+    first = torch.randint(512, (1,), generator=g)
+    choice = torch.multinomial(data.probs, 64, replacement=True, generator=g)
+    walk = [first]                                   # the chain walked with tensor indexing
     for t in range(64):
-        walk.append(data.successors[walk[-1], choice[:, t]])
-    walk = torch.stack(walk, dim=1)
-    assert torch.equal(tokens, walk[:, :-1]) and torch.equal(labels, walk[:, 1:])
+        walk.append(data.successors[walk[-1], choice[t]])
+    walk = torch.cat(walk)
+    assert torch.equal(tokens[0], walk[:-1]) and torch.equal(labels[0], walk[1:])
 
 
 def test_byte_text_data(tmp_path):
     path = tmp_path / "text.txt"
     path.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 20)
-    tokens, labels = ByteTextTokens(path, 32, seed=1).micro_batch(1, 0, 0, 2)
+    tokens, labels = ByteTextTokens(path, 32, seed=1).micro_batch(1, 0, 0, 2, dp_size=1)
     assert tokens.shape == (2, 32) and int(tokens.max()) < 256
     assert torch.equal(tokens[:, 1:], labels[:, :-1])
 

@@ -1,0 +1,333 @@
+"""Resize a run: re-plan its spec for another cluster and write a new run dir that resumes from its checkpoint.
+
+``resize_spec`` keeps the model, precision, engine and every fixed parallelism field but dp (which follows the
+new world size); ``plan_resize`` checks the sizes (nearest valid node counts on refusal), asks the program's
+checkpoint follower (FOLLOWERS, per program kind) how its checkpoints follow the new layout, and renders
+resume.json. The conversion itself runs in the new job (orchestrator/train/convert.py), never at generate time.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import Problem, SpecError
+from .spec import Spec
+
+RESUME_FILE = "resume.json"
+# What stays the same for the checkpoint to mean anything in the new run (spec paths).
+KEPT = ("model", "training.precision", "training.engine", "training.seed", "training.train_iters", "data")
+LAYOUT_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero_stage", "micro_batch_size", "offload")
+SEARCH_NODES = 64          # how far the nearest-size search looks on each side
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """How a checkpoint follows a layout change: ``method`` "copy" (same checkpoint layout) or "universal"."""
+
+    method: str
+    changes: tuple[str, ...]
+    how: str
+
+
+@dataclass(frozen=True)
+class Resize:
+    spec: Spec            # the new spec (planned by write_resized)
+    resume: dict          # resume.json without the new layout and the conversion (added once planned)
+    notes: tuple[str, ...]
+    follow: object        # the program's checkpoint follower (FOLLOWERS)
+
+
+def _get(spec, path: str):
+    value = spec
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def program_kind(spec: Spec) -> str:
+    """The spec's program kind ("orch": orch's reference trainer when the spec names none)."""
+    program = getattr(spec, "program", None)
+    return getattr(program, "kind", None) or "orch"
+
+
+def resize_spec(source: Spec, *, nodes: int, gpus_per_node: int | None = None, scale_batch: bool = False,
+                layout: dict | None = None) -> Spec:
+    """The source's spec on ``nodes`` x ``gpus_per_node``: dp opened, ``layout`` (ParallelismSpec field ->
+    value, e.g. zero_stage) applied, everything else kept (the global batch scaled with dp when
+    ``scale_batch``: see scaled_batch_spec)."""
+    cluster = dataclasses.replace(source.cluster, num_nodes=nodes,
+                                  gpus_per_node=gpus_per_node or source.cluster.gpus_per_node)
+    spec = dataclasses.replace(source, cluster=cluster,
+                               parallelism=dataclasses.replace(source.parallelism, data=None, **(layout or {})))
+    return scaled_batch_spec(source, spec) if scale_batch else spec
+
+
+def _dp(spec: Spec) -> int | None:
+    p = spec.parallelism
+    inner = (p.tensor or 1) * (p.pipeline or 1) * (p.context or 1)
+    return spec.world_size // inner if spec.world_size % inner == 0 else None
+
+
+def scaled_batch_spec(source: Spec, spec: Spec) -> Spec:
+    """--scale-batch: global batch * k with k = new dp / old dp (the accumulation steps stay); peak and final
+    learning rate * k (the linear scaling rule); warm-up and decay keep their step counts."""
+    old_dp, new_dp = source.parallelism.data or _dp(source), _dp(spec)
+    batch = source.training.global_batch_size
+    if new_dp is None or (batch * new_dp) % old_dp:
+        return spec            # size_problem names why this size does not work
+    k = new_dp / old_dp
+    t = source.training
+    training = dataclasses.replace(
+        t, global_batch_size=batch * new_dp // old_dp,
+        optimizer=dataclasses.replace(t.optimizer, lr=t.optimizer.lr * k),
+        lr_schedule=dataclasses.replace(t.lr_schedule, min_lr=t.lr_schedule.min_lr * k))
+    return dataclasses.replace(spec, training=training)
+
+
+def size_problem(spec: Spec) -> str | None:
+    """Why no layout of ``spec`` (its fixed fields kept) exists on its cluster, or None."""
+    from .planner import enumerate_layouts  # noqa: PLC0415
+
+    p, batch = spec.parallelism, spec.training.global_batch_size
+    inner = (p.tensor or 1) * (p.pipeline or 1) * (p.context or 1)
+    if spec.world_size % inner:
+        return (f"world size {spec.world_size} is not a multiple of tp * pp * cp = {inner}")
+    dp, mb = spec.world_size // inner, p.micro_batch_size or 1
+    if batch % (dp * mb):
+        return (f"training.global_batch_size {batch} does not divide by dp {dp} * micro_batch_size {mb} = "
+                f"{dp * mb}")
+    grid = (p.expert or 1) * (p.expert_tensor or 1) if spec.model.moe is not None else 1
+    per_stage = spec.world_size // (p.pipeline or 1)
+    if per_stage % grid:
+        return (f"the expert grid expert({p.expert or 1}) * expert_tensor({p.expert_tensor or 1}) = {grid} needs a "
+                f"multiple of {grid} ranks per pipeline stage, this size has {per_stage}")
+    rejected: list[Problem] = []
+    if next(iter(enumerate_layouts(spec, rejected)), None) is None:
+        return str(rejected[0]) if rejected else "no layout satisfies the parallelism rules"
+    return None
+
+
+def nearest_sizes(make, nodes: int) -> tuple[int | None, int | None]:
+    """The nearest node counts below and above ``nodes`` whose spec ``make(n)`` has a layout."""
+    below = next((n for n in range(nodes - 1, 0, -1) if size_problem(make(n)) is None), None)
+    above = next((n for n in range(nodes + 1, nodes + SEARCH_NODES + 1) if size_problem(make(n)) is None), None)
+    return below, above
+
+
+def check_size(make, nodes: int, gpus_per_node: int) -> Spec:
+    """``make(nodes)``, or a SpecError with the reason and the nearest node counts that work."""
+    spec = make(nodes)
+    problem = size_problem(spec)
+    if problem is None:
+        return spec
+    below, above = nearest_sizes(make, nodes)
+    near = " and ".join(f"--nodes {n} ({n * gpus_per_node} GPUs)" for n in (below, above) if n is not None)
+    raise SpecError(Problem("--nodes", f"{nodes} node(s) x {gpus_per_node} GPUs cannot run this run's layout: "
+                            f"{problem}", f"nearest sizes that work: {near}" if near else
+                            f"no node count within {SEARCH_NODES} of {nodes} works with {gpus_per_node} GPUs per node; "
+                            "try another --gpus-per-node"))
+
+
+def check_kept(source: Spec, spec: Spec) -> None:
+    """The new spec trains the same model, precision, engine, seed, data and steps as the source, or a SpecError."""
+    problems = [Problem(path, f"differs from the source run's ({_get(source, path)!r} there)",
+                        "a resized run continues the source's training: keep it as in the source spec")
+                for path in KEPT if _get(source, path) != _get(spec, path)]
+    if program_kind(source) != program_kind(spec):
+        problems.append(Problem("program", f"{program_kind(spec)!r} differs from the source's "
+                                f"{program_kind(source)!r}"))
+    if problems:
+        raise SpecError(problems)
+
+
+def layout_record(spec: Spec) -> dict:
+    """A resolved spec's layout (every parallelism field fixed) and cluster, as resume.json records it."""
+    from .layout import layout_from_spec  # noqa: PLC0415
+
+    layout = layout_from_spec(spec)
+    record = {k: getattr(layout, k) for k in LAYOUT_FIELDS}
+    record.update(world_size=spec.world_size, num_nodes=spec.cluster.num_nodes,
+                  gpus_per_node=spec.cluster.gpus_per_node, global_batch_size=spec.training.global_batch_size)
+    return record
+
+
+# --- how checkpoints follow the layout, per program kind ---------------------------------------------------
+
+def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
+    """orch's reference trainer (DeepSpeed engine): a copy when the checkpoint's layout is unchanged, else
+    DeepSpeed's universal checkpoint (ds_to_universal + checkpoint.load_universal) for the changes verified
+    with DeepSpeed 0.19.8: dp at ZeRO-1/2 (and between them) or at ZeRO-3 (pp = 1, dense model, no offload).
+    Every other change is refused, naming it (SpecError, exit 2)."""
+    ckpt_keys = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")
+    changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in ckpt_keys if old.get(k) != new.get(k))
+    if (spec.training.engine or "deepspeed") != "deepspeed":
+        _unsupported(changes or ("the cluster size",), f"training.engine {spec.training.engine}: orch resumes "
+                     "only the DeepSpeed engine's checkpoints in a resized run")
+    if not changes:
+        return Conversion("copy", (), "the checkpoint's layout is unchanged: its step dir is copied and loaded as is")
+    why = {"tp": "the reference trainer's DeepSpeed engine trains with tp 1",
+           "pp": "a pipeline checkpoint names parameters by layer index (layer_NN-model_states.pt), the ZeRO engine's "
+                 "by module; orch does not map them",
+           "cp": "Ulysses context groups are not converted", "ep": "expert-parallel checkpoints are not converted",
+           "etp": "expert-parallel checkpoints are not converted",
+           "offload": "loading a universal checkpoint into an offloaded optimizer is not verified"}
+    for key in ("tp", "pp", "cp", "ep", "etp", "offload"):
+        if old.get(key) != new.get(key):
+            _unsupported(changes, f"{key} {old.get(key)} -> {new.get(key)}: {why[key]}")
+    if spec.model.moe is not None:
+        _unsupported(changes, "a MoE model: its expert checkpoint files are not converted")
+    if (old.get("pp") or 1) > 1:
+        _unsupported(changes, f"pp {old.get('pp')}: a pipeline checkpoint is converted only when its layout is "
+                     "unchanged")
+    if old.get("offload") not in (None, "none"):
+        _unsupported(changes, f"offload {old.get('offload')}: {why['offload']}")
+    for side, stage in (("source", old.get("zero_stage")), ("new", new.get("zero_stage"))):
+        if not stage:
+            _unsupported(changes, f"ZeRO stage 0 in the {side} layout: ds_to_universal reads ZeRO optimizer shards "
+                         "and DeepSpeed loads a universal checkpoint only into a ZeRO optimizer")
+    if (old.get("zero_stage") == 3) != (new.get("zero_stage") == 3):
+        _unsupported(changes, f"zero_stage {old.get('zero_stage')} -> {new.get('zero_stage')}: DeepSpeed 0.19.8's "
+                     "universal checkpoint keeps the source's model-state files (mp_rank_NN_model_states.pt from "
+                     "ZeRO-1/2, zero_pp_rank_N_mp_rank_NN_model_states.pt from ZeRO-3) and the engine loads only "
+                     "those of its own stage (the load fails in state_dict_factory), so a change into or out of "
+                     "ZeRO-3 does not load")
+    return Conversion("universal", changes, "deepspeed.checkpoint.ds_to_universal into the new run dir, loaded with "
+                      "ds_config checkpoint: {load_universal: true} at the first start")
+
+
+def _unsupported(changes, reason: str):
+    raise SpecError(Problem("layout", f"cannot convert the checkpoint for {', '.join(changes)}: {reason}",
+                            "resize to a layout that changes only dp (and the ZeRO stage between 1 and 2), or "
+                            "train the new layout from step 0"))
+
+
+FOLLOWERS = {"orch": follow_reference}     # program kind -> (old layout, new layout, spec) -> Conversion
+
+
+def follower(spec: Spec):
+    kind = program_kind(spec)
+    if kind not in FOLLOWERS:
+        raise SpecError(Problem("program.kind", f"resizing a {kind!r} program is not supported yet",
+                                f"supported: {', '.join(sorted(FOLLOWERS))}"))
+    return FOLLOWERS[kind]
+
+
+# --- the whole resize ----------------------------------------------------------------------------------------
+
+def source_checkpoint(run, step: int | None = None) -> tuple[Path, int]:
+    """The source run's checkpoint dir and its newest intact step, or ``step`` when it verifies (read only);
+    else a SpecError."""
+    from .train.checkpoint import checkpoint_dir, resume_choice, step_problem  # noqa: PLC0415  (no torch)
+
+    ckpt = checkpoint_dir(run.path, run.spec)
+    if step is not None:
+        problem = step_problem(ckpt, step)
+        if problem:
+            raise SpecError(Problem("--step", f"the checkpoint of step {step} under {ckpt} is unusable: {problem}",
+                                    "leave --step out to resume from the newest intact checkpoint"))
+        return ckpt, step
+    step = resume_choice(ckpt).step
+    if step is None:
+        raise SpecError(Problem(str(run.path), f"has no intact checkpoint under {ckpt} to resume from",
+                                "train the source run until it saves a checkpoint"))
+    return ckpt, step
+
+
+def plan_resize(source_dir: str | Path, new_spec: Spec | None = None, *, nodes: int | None = None,
+                gpus_per_node: int | None = None, scale_batch: bool = False, layout: dict | None = None,
+                step: int | None = None) -> Resize:
+    """The new spec and resume.json for continuing ``source_dir``: from ``new_spec`` (generate --resume-from)
+    or from the source's own spec on ``nodes`` x ``gpus_per_node`` with ``layout`` changes (orch resize), from
+    its checkpoint of ``step`` (default: the newest intact one). SpecError (exit 2) when the
+    sizes cannot divide or the checkpoint cannot follow, before anything is written."""
+    from .rundir import read_run_dir  # noqa: PLC0415
+
+    run = read_run_dir(source_dir)
+    source = run.spec
+    follow = follower(source)
+    if new_spec is None:
+        gpus = gpus_per_node or source.cluster.gpus_per_node
+        spec = check_size(lambda n: resize_spec(source, nodes=n, gpus_per_node=gpus, scale_batch=scale_batch,
+                                                  layout=layout),
+                          nodes, gpus)
+    else:
+        spec = new_spec
+    check_kept(source, spec)
+    notes = []
+    src_ckpt, step = source_checkpoint(run, step)
+    ckpt = Path(spec.training.checkpoint.dir)
+    if ckpt.is_absolute() and ckpt.resolve() == src_ckpt.resolve():
+        spec = dataclasses.replace(spec, training=dataclasses.replace(
+            spec.training, checkpoint=dataclasses.replace(spec.training.checkpoint, dir="checkpoints")))
+        notes.append(f"training.checkpoint.dir {ckpt} is the source run's: the new run saves under its own "
+                     "checkpoints/ instead (the source's files are never written)")
+    if step >= spec.training.train_iters:
+        raise SpecError(Problem(str(run.path), f"its checkpoint is step {step} of train_iters "
+                                f"{spec.training.train_iters}: nothing left to train"))
+    batch_old, batch_new = source.training.global_batch_size, spec.training.global_batch_size
+    old_lr, new_lr = source.training, spec.training
+    why = (f"x{batch_new / batch_old:g}, the linear scaling rule" if new_spec is None else "as the new spec sets them")
+    lr = ("unchanged" if (batch_old, old_lr.optimizer, old_lr.lr_schedule) == (batch_new, new_lr.optimizer,
+                                                                                new_lr.lr_schedule) else
+          f"global batch {batch_old} -> {batch_new}: peak lr {old_lr.optimizer.lr:g} -> {new_lr.optimizer.lr:g} and "
+          f"min_lr {old_lr.lr_schedule.min_lr:g} -> {new_lr.lr_schedule.min_lr:g} ({why}); warm-up "
+          f"{old_lr.lr_schedule.warmup_iters} -> {new_lr.lr_schedule.warmup_iters} steps, decay to step "
+          f"{new_lr.train_iters}")
+    resume = {"source_run_dir": str(run.path.resolve()), "source_step": step,
+              "source_checkpoint": str((src_ckpt / f"global_step{step}").resolve()),
+              "program": program_kind(source), "old_layout": layout_record(source),
+              "lr_schedule": lr}
+    return Resize(spec=spec, resume=resume, notes=tuple(notes), follow=follow)
+
+
+def finish_resume(resize: Resize, plan) -> dict:
+    """resume.json for the planned new run: the new layout and the conversion (SpecError when unsupported)."""
+    from dataclasses import asdict  # noqa: PLC0415
+
+    resume = dict(resize.resume)
+    new = layout_record(plan.spec)
+    conversion = resize.follow(resume["old_layout"], new, plan.spec)
+    output = f"resume/{conversion.method}/global_step{resume['source_step']}"
+    resume.update(new_layout=new, conversion={**asdict(conversion), "changes": list(conversion.changes),
+                                              "output": output})
+    return resume
+
+
+def write_resized(resize: Resize, out_dir: str | Path, *, top_k: int = 5, cost=None, measured=None,
+                  force: bool = False, discard_outputs: bool = False):
+    """Plan the new spec and write the run dir with its resume.json (atomic, as generate). Returns (plan, resume)."""
+    from .plan import build_plan  # noqa: PLC0415
+    from .rundir import dump_json, write_run_dir  # noqa: PLC0415
+
+    plan = build_plan(resize.spec, top_k=top_k, cost=cost, measured=measured)
+    resume = finish_resume(resize, plan)
+    source = Path(resume["source_run_dir"])
+    out = Path(out_dir).resolve()
+    if out == source or source in out.parents:
+        raise SpecError(Problem("-o", f"{out} is the source run dir or inside it", "write the new run dir elsewhere"))
+    write_run_dir(plan, out_dir, force=force, discard_outputs=discard_outputs,
+                  extra_files={RESUME_FILE: dump_json(resume)})
+    return plan, resume
+
+
+def describe(run_dir: str | Path) -> str | None:
+    """One line for `orch status`: the run dir is a resized continuation of another (None when it is not)."""
+    import json  # noqa: PLC0415
+
+    path = Path(run_dir) / RESUME_FILE
+    if not path.is_file():
+        return None
+    try:
+        r = json.loads(path.read_text())
+        conv = r["conversion"]
+        return (f"resized continuation of {r['source_run_dir']} from step {r['source_step']}: "
+                f"{_tag(r['old_layout'])} -> {_tag(r['new_layout'])}, checkpoint {conv['method']}"
+                + (f" ({', '.join(conv['changes'])})" if conv["changes"] else ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"resized continuation (but {path} is unreadable)"
+
+
+def _tag(layout: dict) -> str:
+    return (f"{layout.get('num_nodes')}x{layout.get('gpus_per_node')} tp{layout.get('tp')}-pp{layout.get('pp')}-"
+            f"dp{layout.get('dp')}-z{layout.get('zero_stage')}")
