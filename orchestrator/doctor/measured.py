@@ -64,11 +64,43 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
                                            "allreduce_latency_s": measured["allreduce_latency_s"],
                                            "ranks": measured["allreduce_latency_ranks"]}
     gemm = measured.get("gemm_flops")
+    base = base or CostModel()
     if isinstance(gemm, (int, float)) and gemm > 0:
-        peak = GPUS[spec.cluster.gpu].peak_for(spec.training.precision)
+        gpu = GPUS[spec.cluster.gpu]
+        peak = gpu.peak_for(spec.training.precision)
         terms["matmul_efficiency"] = min(1.0, gemm / peak)
         figures["matmul_efficiency"] = {"value": terms["matmul_efficiency"], "from": "measured.gemm_flops",
                                         "gemm_flops": float(gemm), "peak_flops": peak}
-    cost = dataclasses.replace(base or CostModel(), **terms)
+        if spec.cluster.gpu == "cpu":
+            fraction = float(gemm) / (peak * gpu.matmul_efficiency * gpu.sustained_clock_fraction)
+            core = cpu_core_terms(dataclasses.replace(base, **terms), gpu, fraction)
+            terms.update(core)
+            for field, value in core.items():
+                figures[field] = {"value": value, "from": "measured.gemm_flops", "core_fraction": fraction}
+    cost = dataclasses.replace(base, **terms)
     return cost, {"source": str(path), "doctor_time_unix": data.get("time_unix"), "backend": data.get("backend"),
                   "figures": figures}
+
+
+def cpu_core_terms(cost: CostModel, gpu, fraction: float) -> dict:
+    """The cost-model terms of a CPU rank whose core runs at ``fraction`` of the catalog's sustained speed.
+
+    On the CPU target the "device" is the rank's core: its GEMMs, its attention matmuls, its element-wise
+    passes (norms, GeLU, softmax, the optimizer step: the tiny model's tensors live in the core's caches,
+    whose bandwidth follows the core clock and, under a time-shared core, its share of the wall clock), and
+    every host step (kernel launch, DeepSpeed's hooks and loops) run on it. The doctor's GEMM rate over the
+    catalog's sustained GEMM rate is that fraction (a clocked-down VM or neighbours taking a share of the core
+    slow all of it alike), so the rates scale by it and the host times by its inverse; the catalog's figures
+    were measured at ``fraction`` 1. Only the GEMM rate scaled (before) left the non-GEMM half of a tiny-gpt
+    step at catalog speed (docs/doctor.md, "CPU")."""
+    f = fraction
+    out = {"kernel_gap_s": cost.kernel_gap_s / f, "hbm_efficiency": cost.hbm_efficiency * f,
+           "cpu_adam_params_per_s": cost.cpu_adam_params_per_s * f,
+           "attention_efficiency": (cost.attention_efficiency
+                                    or gpu.attention_efficiency * gpu.sustained_clock_fraction) * f}
+    if gpu.gelu_elems_per_s:
+        out["gelu_elems_per_s"] = (cost.gelu_elems_per_s or gpu.gelu_elems_per_s) * f
+    for field in dataclasses.fields(CostModel):
+        if field.name.endswith("_host_s"):
+            out[field.name] = getattr(cost, field.name) / f
+    return out

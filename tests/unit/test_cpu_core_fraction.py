@@ -1,0 +1,50 @@
+"""--measured on the CPU target: the doctor's GEMM rate sets the speed of the whole core, not only its GEMMs."""
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.catalog.gpus import GPUS
+from orchestrator.doctor.measured import cpu_core_terms, measured_cost
+from orchestrator.estimate.cost import CostModel
+from orchestrator.plan import build_plan
+from orchestrator.spec_loader import load_spec
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+CPU = GPUS["cpu"]
+SUSTAINED_FLOPS = CPU.peak_for("fp32") * CPU.matmul_efficiency * CPU.sustained_clock_fraction
+
+
+def _doctor(tmp_path, gemm_flops: float) -> Path:
+    path = tmp_path / "doctor.json"
+    path.write_text(json.dumps({"doctor_version": 1, "backend": "local", "time_unix": 0.0,
+                                "spec": {"gpu": "cpu", "precision": "fp32"},
+                                "measured": {"gemm_flops": gemm_flops}}))
+    return path
+
+
+def test_core_terms_scale_rates_by_the_fraction_and_host_times_by_its_inverse():
+    cost = CostModel()
+    terms = cpu_core_terms(cost, CPU, 0.5)
+    host = [f.name for f in dataclasses.fields(CostModel) if f.name.endswith("_host_s")]
+    assert len(host) >= 5 and set(host) <= set(terms)
+    for name in host + ["kernel_gap_s"]:
+        assert terms[name] == pytest.approx(2 * getattr(cost, name))
+    assert terms["hbm_efficiency"] == pytest.approx(cost.hbm_efficiency / 2)
+    assert terms["cpu_adam_params_per_s"] == pytest.approx(cost.cpu_adam_params_per_s / 2)
+    assert terms["gelu_elems_per_s"] == pytest.approx(CPU.gelu_elems_per_s / 2)
+    assert terms["attention_efficiency"] == pytest.approx(CPU.attention_efficiency * CPU.sustained_clock_fraction / 2)
+    assert cpu_core_terms(cost, CPU, 1.0)["kernel_gap_s"] == cost.kernel_gap_s
+
+
+@pytest.mark.parametrize("example", ["tiny-gpt-cpu", "tiny-gpt-cpu-pp2"])
+def test_a_core_at_half_speed_doubles_the_planned_compute(tmp_path, example):
+    spec = load_spec(EXAMPLES / f"{example}.yaml")
+    at_catalog, _ = measured_cost(_doctor(tmp_path, SUSTAINED_FLOPS), spec)
+    half, record = measured_cost(_doctor(tmp_path, SUSTAINED_FLOPS / 2), spec)
+    assert record["figures"]["kernel_gap_s"]["core_fraction"] == pytest.approx(0.5)
+    fast = build_plan(spec, cost=at_catalog).chosen["breakdown"]
+    slow = build_plan(spec, cost=half).chosen["breakdown"]
+    for term in ("compute_s", "engine_s", "optimizer_s"):
+        assert slow[term] == pytest.approx(2 * fast[term], rel=1e-6), term
