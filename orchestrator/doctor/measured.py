@@ -72,7 +72,7 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
         figures["matmul_efficiency"] = {"value": terms["matmul_efficiency"], "from": "measured.gemm_flops",
                                         "gemm_flops": float(gemm), "peak_flops": peak}
         if spec.cluster.gpu == "cpu":
-            fraction = float(gemm) / (peak * gpu.matmul_efficiency * gpu.sustained_clock_fraction)
+            fraction = core_fraction(measured, gpu)
             core = cpu_core_terms(dataclasses.replace(base, **terms), gpu, fraction)
             terms.update(core)
             for field, value in core.items():
@@ -80,6 +80,14 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
     cost = dataclasses.replace(base, **terms)
     return cost, {"source": str(path), "doctor_time_unix": data.get("time_unix"), "backend": data.get("backend"),
                   "figures": figures}
+
+
+def core_fraction(measured: dict, gpu) -> float:
+    """A CPU rank's core speed over the catalog's sustained one, from the doctor's fp32 GEMM rate (the catalog's
+    CPU figures were measured in fp32; a 16-bit spec's GEMMs run other kernels, AMX/AVX-512 BF16): its own fp32
+    probe, else the GEMM rate itself (an fp32 spec, or a doctor.json from before the fp32 probe)."""
+    rate = measured.get("gemm_fp32_flops") or measured["gemm_flops"]
+    return float(rate) / (gpu.peak_for("fp32") * gpu.matmul_efficiency * gpu.sustained_clock_fraction)
 
 
 def cpu_core_terms(cost: CostModel, gpu, fraction: float) -> dict:

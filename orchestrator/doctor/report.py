@@ -171,7 +171,8 @@ def _node_outliers(nodes: list[dict], threshold: float, catalog: dict) -> list[d
 def _rank_row(r: dict) -> dict:
     keep = ("rank", "node_rank", "local_rank", "host", "device", "device_name", "device_count",
             "mem_available_bytes", "mem_needed_bytes", "python")
-    return {**{k: r.get(k) for k in keep}, "gemm_flops": r["gemm"]["flops"], "gemm": r["gemm"]}
+    return {**{k: r.get(k) for k in keep}, "gemm_flops": r["gemm"]["flops"], "gemm": r["gemm"],
+            **({"gemm_fp32": r["gemm_fp32"]} if r.get("gemm_fp32") else {})}
 
 
 def _collectives(ranks: list[dict]) -> dict:
@@ -206,6 +207,9 @@ def measured_figures(ranks: list[dict]) -> dict:
     if rates:
         out["gemm_flops"] = min(rates)
         out["gemm_dtype"] = ranks[0]["gemm"]["dtype"]
+    fp32 = [r["gemm_fp32"]["flops"] for r in ranks if r.get("gemm_fp32")]
+    if fp32:
+        out["gemm_fp32_flops"] = min(fp32)      # CPU ranks of a 16-bit spec: the core's speed (measured.py)
     coll = _collectives(ranks)
     if "intra_node" in coll:
         out["intra_node_bandwidth_GBps"] = min(v["all_reduce"]["busbw_GBps"] for v in coll["intra_node"].values())

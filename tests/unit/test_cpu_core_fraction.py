@@ -48,3 +48,17 @@ def test_a_core_at_half_speed_doubles_the_planned_compute(tmp_path, example):
     slow = build_plan(spec, cost=half).chosen["breakdown"]
     for term in ("compute_s", "engine_s", "optimizer_s"):
         assert slow[term] == pytest.approx(2 * fast[term], rel=1e-6), term
+
+
+def test_a_16_bit_cpu_spec_takes_the_core_speed_from_the_fp32_gemm_and_the_gemm_rate_from_its_own():
+    from orchestrator.doctor.measured import core_fraction
+    from orchestrator.doctor.report import measured_figures
+
+    ranks = [{"node_rank": 0, "gemm": {"flops": bf16, "dtype": "bfloat16"},
+              "gemm_fp32": {"flops": fp32, "dtype": "float32"}}
+             for bf16, fp32 in ((600e9, SUSTAINED_FLOPS / 2), (500e9, SUSTAINED_FLOPS))]
+    figures = measured_figures(ranks)
+    assert figures["gemm_flops"] == 500e9 and figures["gemm_fp32_flops"] == SUSTAINED_FLOPS / 2   # the slowest rank
+    assert core_fraction(figures, CPU) == pytest.approx(0.5)
+    assert core_fraction({"gemm_flops": SUSTAINED_FLOPS}, CPU) == pytest.approx(1.0)    # an fp32 spec's doctor.json
+    assert "gemm_fp32_flops" not in measured_figures([{"node_rank": 0, "gemm": {"flops": 1e11, "dtype": "float32"}}])
