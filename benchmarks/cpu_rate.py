@@ -6,7 +6,7 @@ For each spec, the loop a user runs on a slow day: `orch init` (the tiny-gpt spe
 ``{pipeline: 2, micro_batch_size: 1}``), `orch generate`, `orch doctor RUN --quick`, `orch plan --measured
 RUN/doctor.json` (the layout fixed to what generate chose, so the prediction is for the run that trains),
 `orch launch --wait`, then `orch doctor --quick` again (the core's speed after the run: a shared machine's load
-moves). Measured: the median step_time_s of steps >= 4 in metrics.jsonl. Printed per spec: the catalog's
+moves; ``after`` is --measured with that doctor.json, the first is kept as doctor-before.json). Measured: the median step_time_s of steps >= 4 in metrics.jsonl. Printed per spec: the catalog's
 prediction, ``gemm only`` (the doctor's GEMM rate replacing only the GEMM efficiency: --measured before the
 core fraction, doctor/measured.py cpu_core_terms), ``--measured`` and the measured step, each prediction's
 error as measured / predicted - 1, and the load average before and after. Run it under ``nice`` when the
@@ -91,14 +91,16 @@ def run_variant(name: str, root: Path, steps: int) -> dict:
     orch("launch", str(run), "--wait")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     step_s = statistics.median(r["step_time_s"] for r in rows if "step_time_s" in r and r.get("step", 0) >= 4)
+    (run / "doctor.json").rename(run / "doctor-before.json")
     gemm_after = doctor_gemm_flops(run)
-    return {"name": name, "tag": chosen["tag"], "measured_step_s": step_s, **pred, "gemm_before": gemm_before,
-            "gemm_after": gemm_after, "load_before": load_before, "load_after": load()}
+    after = predictions(spec, run / "doctor.json")["--measured"]
+    return {"name": name, "tag": chosen["tag"], "measured_step_s": step_s, **pred, "after": after,
+            "gemm_before": gemm_before, "gemm_after": gemm_after, "load_before": load_before, "load_after": load()}
 
 
 def report(r: dict) -> str:
     cells = "  ".join(f"{k} {r[k] * 1e3:.0f} ms ({r['measured_step_s'] / r[k] - 1:+.0%})"
-                      for k in ("catalog", "gemm only", "--measured"))
+                      for k in ("catalog", "gemm only", "--measured", "after"))
     return (f"{r['name']:<5} {r['tag']:<22} measured {r['measured_step_s'] * 1e3:.0f} ms;  {cells};  doctor GEMM "
             f"{r['gemm_before'] / 1e9:.0f} -> {r['gemm_after'] / 1e9:.0f} GFLOP/s (core fraction "
             f"{r['core_fraction']:.2f}); load {r['load_before']:.1f} -> {r['load_after']:.1f}")
