@@ -5,8 +5,10 @@ of it, when both are given): the measured intra- and inter-node all-reduce bus b
 ``intra/inter_node_bandwidth_GBps`` (used as they are, ahead of the spec's and the catalog's), the 8-byte
 all-reduce latency ``collective_latency_s`` (per ring hop; CPU runs only: on GPUs the cost model takes NCCL's
 per-link latencies from its table, which a small all-reduce does not resolve), and the slowest rank's GEMM
-rate over the precision's dense peak ``matmul_efficiency`` (at most 1). plan.json's ``measured`` block lists each figure that was replaced,
-its value and where it came from.
+rate over the precision's dense peak ``matmul_efficiency`` (at most 1). On CPU the GEMM rate is the one the
+ranks sustain together, and its share of the catalog's speed scales every rate and host time of the rank
+(:func:`cpu_core_terms`). plan.json's ``measured`` block lists each figure that was replaced, its value and
+where it came from.
 """
 from __future__ import annotations
 
@@ -63,20 +65,22 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
         figures["collective_latency_s"] = {"value": hop, "from": "measured.allreduce_latency_s",
                                            "allreduce_latency_s": measured["allreduce_latency_s"],
                                            "ranks": measured["allreduce_latency_ranks"]}
-    gemm = measured.get("gemm_flops")
+    on_cpu = spec.cluster.gpu == "cpu"
+    source = "gemm_sync_flops" if on_cpu and measured.get("gemm_sync_flops") else "gemm_flops"
+    gemm = measured.get(source)
     base = base or CostModel()
     if isinstance(gemm, (int, float)) and gemm > 0:
         gpu = GPUS[spec.cluster.gpu]
         peak = gpu.peak_for(spec.training.precision)
         terms["matmul_efficiency"] = min(1.0, gemm / peak)
-        figures["matmul_efficiency"] = {"value": terms["matmul_efficiency"], "from": "measured.gemm_flops",
+        figures["matmul_efficiency"] = {"value": terms["matmul_efficiency"], "from": f"measured.{source}",
                                         "gemm_flops": float(gemm), "peak_flops": peak}
-        if spec.cluster.gpu == "cpu":
+        if on_cpu:
             fraction = core_fraction(measured, gpu)
             core = cpu_core_terms(dataclasses.replace(base, **terms), gpu, fraction)
             terms.update(core)
             for field, value in core.items():
-                figures[field] = {"value": value, "from": "measured.gemm_flops", "core_fraction": fraction}
+                figures[field] = {"value": value, "from": f"measured.{source}", "core_fraction": fraction}
     cost = dataclasses.replace(base, **terms)
     return cost, {"source": str(path), "doctor_time_unix": data.get("time_unix"), "backend": data.get("backend"),
                   "figures": figures}
@@ -85,8 +89,10 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
 def core_fraction(measured: dict, gpu) -> float:
     """A CPU rank's core speed over the catalog's sustained one, from the doctor's fp32 GEMM rate (the catalog's
     CPU figures were measured in fp32; a 16-bit spec's GEMMs run other kernels, AMX/AVX-512 BF16): its own fp32
-    probe, else the GEMM rate itself (an fp32 spec, or a doctor.json from before the fp32 probe)."""
-    rate = measured.get("gemm_fp32_flops") or measured["gemm_flops"]
+    probe, else the GEMM rate itself (an fp32 spec, or a doctor.json from before the fp32 probe); each as the
+    ranks sustain it together (doctor/report.py synchronous_rate) where doctor.json has that."""
+    rate = (measured.get("gemm_fp32_sync_flops") or measured.get("gemm_fp32_flops")
+            or measured.get("gemm_sync_flops") or measured["gemm_flops"])
     return float(rate) / (gpu.peak_for("fp32") * gpu.matmul_efficiency * gpu.sustained_clock_fraction)
 
 

@@ -62,3 +62,28 @@ def test_a_16_bit_cpu_spec_takes_the_core_speed_from_the_fp32_gemm_and_the_gemm_
     assert core_fraction(figures, CPU) == pytest.approx(0.5)
     assert core_fraction({"gemm_flops": SUSTAINED_FLOPS}, CPU) == pytest.approx(1.0)    # an fp32 spec's doctor.json
     assert "gemm_fp32_flops" not in measured_figures([{"node_rank": 0, "gemm": {"flops": 1e11, "dtype": "float32"}}])
+
+
+def test_ranks_that_wait_for_each_other_sustain_the_slowest_rank_of_each_window():
+    from orchestrator.doctor.report import measured_figures, synchronous_rate
+
+    windows = [[40e9, 20e9], [20e9, 40e9]]        # each rank has the core in one window, a neighbour in the other
+    assert synchronous_rate(windows) == pytest.approx(20e9)
+    assert synchronous_rate([[40e9, 20e9]]) == pytest.approx(2 / (1 / 40e9 + 1 / 20e9))   # time adds up
+    assert synchronous_rate([]) is None
+    ranks = [{"node_rank": 0, "gemm": {"flops": max(w), "dtype": "float32", "window_flops": w}} for w in windows]
+    figures = measured_figures(ranks)
+    assert figures["gemm_flops"] == 40e9 and figures["gemm_sync_flops"] == pytest.approx(20e9)
+
+
+def test_cpu_plans_with_the_synchronous_rate_gpus_keep_the_best_window(tmp_path):
+    from orchestrator.doctor.measured import core_fraction
+
+    measured = {"gemm_flops": SUSTAINED_FLOPS, "gemm_sync_flops": SUSTAINED_FLOPS / 2}
+    assert core_fraction(measured, CPU) == pytest.approx(0.5)
+    path = tmp_path / "doctor.json"
+    path.write_text(json.dumps({"doctor_version": 1, "backend": "local", "time_unix": 0.0,
+                                "spec": {"gpu": "cpu", "precision": "fp32"}, "measured": measured}))
+    cost, record = measured_cost(path, load_spec(EXAMPLES / "tiny-gpt-cpu.yaml"))
+    assert record["figures"]["matmul_efficiency"]["from"] == "measured.gemm_sync_flops"
+    assert cost.matmul_efficiency == pytest.approx(SUSTAINED_FLOPS / 2 / CPU.peak_for("fp32"))
