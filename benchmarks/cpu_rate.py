@@ -59,8 +59,10 @@ def write_spec(path: Path, parallelism: dict, steps: int) -> None:
 
 
 def doctor_gemm_flops(run: Path) -> float:
+    """Runs `orch doctor RUN --quick`; the GEMM rate the ranks sustain together (doctor/report.py)."""
     orch("doctor", str(run), "--quick", check=False)      # exit 1 names offenders; doctor.json is written anyway
-    return json.loads((run / "doctor.json").read_text())["measured"]["gemm_flops"]
+    measured = json.loads((run / "doctor.json").read_text())["measured"]
+    return measured.get("gemm_sync_flops") or measured["gemm_flops"]     # what --measured plans with on CPU
 
 
 def predictions(spec_path: Path, doctor_json: Path) -> dict:
