@@ -5,8 +5,10 @@ of it, when both are given): the measured intra- and inter-node all-reduce bus b
 ``intra/inter_node_bandwidth_GBps`` (used as they are, ahead of the spec's and the catalog's), the 8-byte
 all-reduce latency ``collective_latency_s`` (per ring hop; CPU runs only: on GPUs the cost model takes NCCL's
 per-link latencies from its table, which a small all-reduce does not resolve), and the slowest rank's GEMM
-rate over the precision's dense peak ``matmul_efficiency`` (at most 1). plan.json's ``measured`` block lists each figure that was replaced,
-its value and where it came from.
+rate over the precision's dense peak ``matmul_efficiency`` (at most 1). On CPU the GEMM rate is the one the
+ranks sustain together, and its share of the catalog's speed scales every rate and host time of the rank
+(:func:`cpu_core_terms`). plan.json's ``measured`` block lists each figure that was replaced, its value and
+where it came from.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ FIGURES = {"intra_node_bandwidth_GBps": "intra_node_bandwidth_GBps",
 # measured.<name> -> (lowest, highest) a measurement can be: far outside any real cluster (NVLink 5 is
 # 900 GB/s, a GEMM on one GPU under 10 PFLOP/s) yet tight enough that the cost model's sums stay finite.
 BOUNDS = {"intra_node_bandwidth_GBps": (1e-6, 1e5), "inter_node_bandwidth_GBps": (1e-6, 1e5),
-          "allreduce_latency_s": (1e-9, 60.0), "gemm_flops": (1e3, 1e18)}
+          "allreduce_latency_s": (1e-9, 60.0), "gemm_flops": (1e3, 1e18), "gemm_sync_flops": (1e3, 1e18),
+          "gemm_fp32_flops": (1e3, 1e18), "gemm_fp32_sync_flops": (1e3, 1e18)}
 MAX_RANKS = 10**7
 
 
@@ -105,12 +108,56 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
         figures["collective_latency_s"] = {"value": hop, "from": "measured.allreduce_latency_s",
                                            "allreduce_latency_s": measured["allreduce_latency_s"],
                                            "ranks": measured["allreduce_latency_ranks"]}
-    gemm = measured.get("gemm_flops")
+    on_cpu = spec.cluster.gpu == "cpu"
+    source = "gemm_sync_flops" if on_cpu and _number(measured.get("gemm_sync_flops")) else "gemm_flops"
+    gemm = measured.get(source)
+    base = base or CostModel()
     if _number(gemm) and gemm > 0:
-        peak = GPUS[spec.cluster.gpu].peak_for(spec.training.precision)
+        gpu = GPUS[spec.cluster.gpu]
+        peak = gpu.peak_for(spec.training.precision)
         terms["matmul_efficiency"] = min(1.0, gemm / peak)
-        figures["matmul_efficiency"] = {"value": terms["matmul_efficiency"], "from": "measured.gemm_flops",
+        figures["matmul_efficiency"] = {"value": terms["matmul_efficiency"], "from": f"measured.{source}",
                                         "gemm_flops": float(gemm), "peak_flops": peak}
-    cost = dataclasses.replace(base or CostModel(), **terms)
+        if on_cpu:
+            fraction = core_fraction(measured, gpu)
+            core = cpu_core_terms(dataclasses.replace(base, **terms), gpu, fraction)
+            terms.update(core)
+            for field, value in core.items():
+                figures[field] = {"value": value, "from": f"measured.{source}", "core_fraction": fraction}
+    cost = dataclasses.replace(base, **terms)
     return cost, {"source": str(path), "doctor_time_unix": data.get("time_unix"), "backend": data.get("backend"),
                   "figures": figures}
+
+
+def core_fraction(measured: dict, gpu) -> float:
+    """A CPU rank's core speed over the catalog's sustained one, from the doctor's fp32 GEMM rate (the catalog's
+    CPU figures were measured in fp32; a 16-bit spec's GEMMs run other kernels, AMX/AVX-512 BF16): its own fp32
+    probe, else the GEMM rate itself (an fp32 spec, or a doctor.json from before the fp32 probe); each as the
+    ranks sustain it together (doctor/report.py synchronous_rate) where doctor.json has that."""
+    rate = (measured.get("gemm_fp32_sync_flops") or measured.get("gemm_fp32_flops")
+            or measured.get("gemm_sync_flops") or measured["gemm_flops"])
+    return float(rate) / (gpu.peak_for("fp32") * gpu.matmul_efficiency * gpu.sustained_clock_fraction)
+
+
+def cpu_core_terms(cost: CostModel, gpu, fraction: float) -> dict:
+    """The cost-model terms of a CPU rank whose core runs at ``fraction`` of the catalog's sustained speed.
+
+    On the CPU target the "device" is the rank's core: its GEMMs, its attention matmuls, its element-wise
+    passes (norms, GeLU, softmax, the optimizer step: the tiny model's tensors live in the core's caches,
+    whose bandwidth follows the core clock and, under a time-shared core, its share of the wall clock), and
+    every host step (kernel launch, DeepSpeed's hooks and loops) run on it. The doctor's GEMM rate over the
+    catalog's sustained GEMM rate is that fraction (a clocked-down VM or neighbours taking a share of the core
+    slow all of it alike), so the rates scale by it and the host times by its inverse; the catalog's figures
+    were measured at ``fraction`` 1. Only the GEMM rate scaled (before) left the non-GEMM half of a tiny-gpt
+    step at catalog speed (docs/doctor.md, "CPU")."""
+    f = fraction
+    out = {"kernel_gap_s": cost.kernel_gap_s / f, "hbm_efficiency": cost.hbm_efficiency * f,
+           "cpu_adam_params_per_s": cost.cpu_adam_params_per_s * f,
+           "attention_efficiency": (cost.attention_efficiency
+                                    or gpu.attention_efficiency * gpu.sustained_clock_fraction) * f}
+    if gpu.gelu_elems_per_s:
+        out["gelu_elems_per_s"] = (cost.gelu_elems_per_s or gpu.gelu_elems_per_s) * f
+    for field in dataclasses.fields(CostModel):
+        if field.name.endswith("_host_s"):
+            out[field.name] = getattr(cost, field.name) / f
+    return out

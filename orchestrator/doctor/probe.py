@@ -7,7 +7,7 @@ to wait for the rendezvous), and rank 0 writes every rank's results to ``RUN_DIR
 
 What each rank measures (the sizes are in :data:`SIZES`; ``quick`` is the preflight's short set):
 - facts: host, node rank, device kind, name and count, free memory, the plan's per-rank peak;
-- GEMM rate: square matmuls in the run's precision for a fixed time, in windows longer than a CPU-quota
+- GEMM rate: square matmuls in the run's precision (on CPU also fp32, the core's speed) for a fixed time, in windows longer than a CPU-quota
   period (so a throttled node cannot hide between periods); the best window's rate: what the rank can
   sustain, which a node held back (a CPU quota, a clocked-down GPU) cannot reach in any window, while a
   healthy rank slowed for a moment by a neighbour's burst still does;
@@ -191,9 +191,12 @@ def probe(run_dir: Path, request: dict) -> dict | None:
     placement = [None] * world
     dist.all_gather_object(placement, (rank, node, local_rank, facts["host"]))
     result = {"rank": rank, "node_rank": node, "local_rank": local_rank, **facts}
-    dtype = getattr(torch, DTYPES.get(spec.training.precision, "float32")) if on_gpu else torch.float32
+    dtype = getattr(torch, DTYPES.get(spec.training.precision, "float32"))   # the spec's, as the trainer's GEMMs
     dist.barrier()
     result["gemm"] = measure_gemm(torch, device, dtype, size["gemm_n"], size["gemm_s"], size["windows"], sync)
+    if not on_gpu and dtype != torch.float32:   # the core's speed: the catalog's CPU figures are fp32 measurements
+        result["gemm_fp32"] = measure_gemm(torch, device, torch.float32, size["gemm_n"], size["gemm_s"],
+                                           size["windows"], sync)
     comm, pairs = _comm(torch, dist, placement, rank, device, size, sync, full)
     result["comm"] = comm
     gathered = [None] * world

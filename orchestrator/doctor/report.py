@@ -171,7 +171,8 @@ def _node_outliers(nodes: list[dict], threshold: float, catalog: dict) -> list[d
 def _rank_row(r: dict) -> dict:
     keep = ("rank", "node_rank", "local_rank", "host", "device", "device_name", "device_count",
             "mem_available_bytes", "mem_needed_bytes", "python")
-    return {**{k: r.get(k) for k in keep}, "gemm_flops": r["gemm"]["flops"], "gemm": r["gemm"]}
+    return {**{k: r.get(k) for k in keep}, "gemm_flops": r["gemm"]["flops"], "gemm": r["gemm"],
+            **({"gemm_fp32": r["gemm_fp32"]} if r.get("gemm_fp32") else {})}
 
 
 def _collectives(ranks: list[dict]) -> dict:
@@ -199,6 +200,18 @@ def _slowest(views: list[dict]) -> dict:
     return out
 
 
+def synchronous_rate(windows: list[list[float]]) -> float | None:
+    """What ranks that wait for each other sustain: in each window (the ranks measure at once, after a
+    barrier) the slowest rank's rate, over the windows as time adds up (the harmonic mean). On a shared CPU a
+    rank's best window is a moment its neighbours left it the core; a synchronous step runs through the
+    other moments too, at the pace of whichever rank has the core least."""
+    n = min((len(w) for w in windows), default=0)
+    if n == 0:
+        return None
+    slowest = [min(w[i] for w in windows) for i in range(n)]
+    return n / sum(1.0 / r for r in slowest) if all(r > 0 for r in slowest) else None
+
+
 def measured_figures(ranks: list[dict]) -> dict:
     """What ``--measured`` feeds the cost model: the slowest node's figures (synchronous training waits for it)."""
     out: dict = {}
@@ -206,6 +219,13 @@ def measured_figures(ranks: list[dict]) -> dict:
     if rates:
         out["gemm_flops"] = min(rates)
         out["gemm_dtype"] = ranks[0]["gemm"]["dtype"]
+    fp32 = [r["gemm_fp32"]["flops"] for r in ranks if r.get("gemm_fp32")]
+    if fp32:
+        out["gemm_fp32_flops"] = min(fp32)      # CPU ranks of a 16-bit spec: the core's speed (measured.py)
+    for key, name in (("gemm", "gemm_sync_flops"), ("gemm_fp32", "gemm_fp32_sync_flops")):
+        sync = synchronous_rate([r[key]["window_flops"] for r in ranks if (r.get(key) or {}).get("window_flops")])
+        if sync:
+            out[name] = sync
     coll = _collectives(ranks)
     if "intra_node" in coll:
         out["intra_node_bandwidth_GBps"] = min(v["all_reduce"]["busbw_GBps"] for v in coll["intra_node"].values())

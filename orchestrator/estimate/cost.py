@@ -36,6 +36,9 @@ class CostModel:
     # times its sustained-clock fraction. It is the rate of the "catalog" kernel (what orch's runs plan with);
     # a kernel with measured rates (estimate/attention.py, published runs only) keeps those.
     attention_efficiency: Optional[float] = None
+    # Element-wise rate of a compute-bound GeLU (elements/s). None: the catalog's (GpuSpec.gelu_elems_per_s,
+    # the CPU target's; GPUs run it at its bytes). ``--measured`` scales it with the CPU core (doctor/measured.py).
+    gelu_elems_per_s: Optional[float] = None
     # Fraction of datasheet HBM bandwidth that memory-bound kernels (norms, activations, dropout,
     # softmax, the optimizer step) sustain. Copy/elementwise kernels on A100/H100 reach ~80-90%
     # (e.g. STREAM-like triad ~1.7 TB/s of 2.04 TB/s on A100 80GB).
@@ -191,7 +194,7 @@ def _in_range(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return key == "fused_grad_accumulation"
     if value is None:
-        return key in ("matmul_efficiency", "attention_efficiency", "intra_node_bandwidth_GBps",
+        return key in ("matmul_efficiency", "attention_efficiency", "gelu_elems_per_s", "intra_node_bandwidth_GBps",
                        "inter_node_bandwidth_GBps")
     if not isinstance(value, (int, float)) or isinstance(value, float) and not math.isfinite(value) or value < 0:
         return False

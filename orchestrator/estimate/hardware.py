@@ -76,7 +76,7 @@ def hardware_for(spec: Spec, cost: CostModel) -> Hardware:
         dtype_bytes=DTYPE_BYTES[spec.training.precision], kernel_gap_s=cost.kernel_gap_s,
         latency_s=cost.collective_latency_s, fused_grad_accumulation=cost.fused_grad_accumulation,
         tp_comm_overlap=gpu.tp_comm_overlap, runtime_bytes=gpu.runtime_bytes, link=intra_link(gpu),
-        gelu_elems_per_s=gpu.gelu_elems_per_s)
+        gelu_elems_per_s=cost.gelu_elems_per_s or gpu.gelu_elems_per_s)
 
 
 def intra_link(gpu) -> str:
