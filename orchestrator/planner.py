@@ -265,7 +265,8 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
                         yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
                                      sequence_parallel=sp, recompute=rec, offload=off,
                                      first_stage_layers=split[0], last_stage_layers=split[1],
-                                     cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account)
+                                     cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account,
+                                     shard_degree=fixed.shard_degree)
 
 
 def _sp_options(spec: Spec, tp: int) -> list[bool]:

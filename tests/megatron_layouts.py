@@ -15,6 +15,10 @@ MEGATRON_LAYOUTS = {
     "pp4-vpp3": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 2,
                  "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 3, "parallelism.zero_stage": 1,
                  "parallelism.micro_batch_size": 1, "training.global_batch_size": 32},
+    # Hybrid sharding: ZeRO-3 (Megatron FSDP) sharded inside each node of 8, replicated across the 2 nodes.
+    "zero3-hybrid-hs8": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 1,
+                         "parallelism.pipeline": 1, "parallelism.zero_stage": 3, "parallelism.shard_degree": 8,
+                         "parallelism.micro_batch_size": 1, "training.global_batch_size": 32},
     "zero3-offload": {**GPU8, "model.preset": "gpt3-1.7b", "parallelism.zero_stage": 3,
                       "parallelism.offload": "optimizer+params", "training.global_batch_size": 64},
     "fp16-tp2-pp2-zero0": {**GPU8, "model.preset": "gpt3-1.7b", "training.precision": "fp16",
