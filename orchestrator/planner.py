@@ -13,7 +13,7 @@ from typing import Iterator
 
 from .catalog.gpus import GPUS
 from .errors import Problem, SpecError
-from .estimate.comm import group_placement
+from .estimate.comm import group_placement, shard_placements
 from .estimate.cost import CostModel
 from .estimate.plausibility import mfu_warnings
 from .estimate.precision import FP8_RECIPE
@@ -436,6 +436,11 @@ def _network_line(ctx: EstimateContext, est: LayoutEstimate) -> str:
     parts += [f"PP {comm.pp_exposed_s:.3g} s"] if lay.pp > 1 else []
     if lay.dp > 1:
         parts.append(f"DP {comm.dp_exposed_s:.3g} s of {comm.dp_s:.3g} s; the DP group of {lay.dp} lies {where}")
+        if lay.replicas > 1:
+            shard = shard_placements(lay, hw.gpus_per_node)[0].num_nodes
+            parts[-1] += (f", sharded in groups of {lay.shard_degree} ("
+                          f"{'inside one node' if shard == 1 else f'over {shard} nodes'}) and replicated "
+                          f"{lay.replicas} times")
     return (f"network: {comm.exposed_s / est.step_time_s:.1%} of the step is exposed communication"
             + (f" ({', '.join(parts)})." if parts else " (tp, pp and dp are 1: none)."))
 
