@@ -262,25 +262,11 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
             for rec in _opt(fixed.recompute, recomputes):
                 for zero in _opt(fixed.zero_stage, _zero_options(pp, dp)):
                     for off in _opt(fixed.offload, _offload_options(pp, zero, spec.cluster.gpu)):
-                        for shard in _shard_options(spec, fixed, zero, tp * d["cp"], dp):
-                            yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
-                                         sequence_parallel=sp, recompute=rec, offload=off,
-                                         first_stage_layers=split[0], last_stage_layers=split[1],
-                                         cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account,
-                                         shard_degree=shard)
-
-
-def _shard_options(spec: Spec, fixed: Layout, zero: int, tp_cp: int, dp: int) -> list[int | None]:
-    """Hybrid sharding to search: the spec's shard_degree; else, where the planner picks ZeRO-3 itself (the
-    spec fixes neither) on Megatron over several nodes, full sharding (None) and one shard group per node
-    (shard_degree x tp x cp = gpus_per_node). A spec that fixes zero_stage: 3 alone keeps the default."""
-    if fixed.shard_degree is not None or fixed.zero_stage is not None or zero != 3:
-        return [fixed.shard_degree]
-    gpn = spec.cluster.gpus_per_node
-    if spec.cluster.num_nodes == 1 or engine_of(spec) != "megatron" or gpn % tp_cp:
-        return [None]
-    node = gpn // tp_cp
-    return [None, node] if 1 < node < dp and dp % node == 0 else [None]
+                        yield Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, zero_stage=zero, micro_batch_size=mb,
+                                     sequence_parallel=sp, recompute=rec, offload=off,
+                                     first_stage_layers=split[0], last_stage_layers=split[1],
+                                     cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account,
+                                     shard_degree=fixed.shard_degree)
 
 
 def _sp_options(spec: Spec, tp: int) -> list[bool]:

@@ -117,15 +117,3 @@ def test_sharded_inside_a_node_wins_where_the_network_is_slower_than_nvlink(inte
     states = lambda e: e.memory.params_bytes + e.memory.grads_bytes + e.memory.optimizer_bytes  # noqa: E731
     assert states(hybrid) == pytest.approx(2 * states(full))
     assert (hybrid.comm.dp_s < full.comm.dp_s) is faster
-
-
-def test_planner_tries_one_shard_group_per_node_only_where_it_picks_zero3_itself():
-    from orchestrator.planner import enumerate_layouts
-
-    open_zero = {**HYBRID, "parallelism.zero_stage": None, "parallelism.shard_degree": None}
-    shards = {(lay.zero_stage, lay.shard_degree) for lay in enumerate_layouts(spec(**open_zero))}
-    assert shards == {(0, None), (1, None), (2, None), (3, None), (3, 8)}
-    fixed_zero3 = {lay.shard_degree for lay in enumerate_layouts(spec(**{"parallelism.shard_degree": None}))}
-    assert fixed_zero3 == {None}, "a spec that fixes zero_stage: 3 alone keeps full sharding"
-    one_node = {**open_zero, "cluster.num_nodes": 1, "training.global_batch_size": 16}
-    assert {lay.shard_degree for lay in enumerate_layouts(spec(**one_node))} == {None}
