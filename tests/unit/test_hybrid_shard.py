@@ -117,3 +117,13 @@ def test_sharded_inside_a_node_wins_where_the_network_is_slower_than_nvlink(inte
     states = lambda e: e.memory.params_bytes + e.memory.grads_bytes + e.memory.optimizer_bytes  # noqa: E731
     assert states(hybrid) == pytest.approx(2 * states(full))
     assert (hybrid.comm.dp_s < full.comm.dp_s) is faster
+
+
+def test_planner_keeps_the_specs_shard_degree_and_does_not_search_it():
+    from orchestrator.planner import enumerate_layouts
+
+    open_zero = {**HYBRID, "parallelism.zero_stage": None}
+    kept = {(lay.zero_stage, lay.shard_degree) for lay in enumerate_layouts(spec(**open_zero))}
+    assert kept == {(3, 8)}, "ZeRO 0-2 candidates are refused with a shard_degree"
+    left_open = {**open_zero, "parallelism.shard_degree": None}
+    assert {lay.shard_degree for lay in enumerate_layouts(spec(**left_open))} == {None}
