@@ -358,20 +358,21 @@ def rule_offload(spec: Spec, lay: Layout) -> Problem | None:
 
 
 def rule_shard_degree(spec: Spec, lay: Layout) -> Problem | None:
-    """Hybrid sharding: ZeRO-3 on Megatron FSDP (--num-distributed-optimizer-instances = dp / shard_degree);
-    shard_degree > 1 divides dp (and, for MoE, the instances divide edp: parallel_state asserts it)."""
+    """Hybrid sharding on Megatron (--num-distributed-optimizer-instances = dp / shard_degree): ZeRO-3 and -2
+    on Megatron FSDP, ZeRO-1 on the distributed optimizer; shard_degree > 1 divides dp (and, for MoE, the
+    instances divide edp: parallel_state asserts it)."""
     s, f = lay.shard_degree, FIELD_PATHS["shard_degree"]
     if s is None:
         return None
     if s < 2:
         return Problem(f, f"shard_degree({s}) must be > 1: it is the number of ranks each shard group spreads "
                        "the model states over", "remove parallelism.shard_degree (shard over all of dp), or use 2 or more")
-    if _known(lay.zero_stage) and lay.zero_stage != 3:
-        return Problem(f, f"shard_degree({s}) needs zero_stage 3 (hybrid sharding shards parameters, gradients "
-                       f"and optimizer states inside a group), got zero_stage({lay.zero_stage})",
-                       "set zero_stage: 3, or remove parallelism.shard_degree")
+    if _known(lay.zero_stage) and lay.zero_stage == 0:
+        return Problem(f, f"shard_degree({s}) needs ZeRO (zero_stage 1-3: the states it shards inside each group "
+                       "of shard_degree ranks), got zero_stage(0): nothing is sharded",
+                       "set zero_stage: 3 (or 1, 2), or remove parallelism.shard_degree")
     if engine_of(spec) != "megatron":
-        return Problem(f, "shard_degree needs training.engine: megatron (Megatron FSDP's hybrid sharding). "
+        return Problem(f, "shard_degree needs training.engine: megatron (its distributed optimizer instances). "
                        "DeepSpeed 0.19.8 removed MiCS (zero_optimization.mics_shard_size raises "
                        "DeepSpeedConfigError) and ZeRO++ hpZ (zero_hpz_partition_size) keeps only a secondary "
                        "copy of the parameters per group: gradients and optimizer states stay sharded over all of dp",

@@ -19,6 +19,13 @@ MEGATRON_LAYOUTS = {
     "zero3-hybrid-hs8": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 1,
                          "parallelism.pipeline": 1, "parallelism.zero_stage": 3, "parallelism.shard_degree": 8,
                          "parallelism.micro_batch_size": 1, "training.global_batch_size": 32},
+    # The same at ZeRO-1 (distributed optimizer: optimizer states inside the node) and ZeRO-2 (Megatron FSDP).
+    "zero1-hybrid-hs8": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 1,
+                         "parallelism.pipeline": 1, "parallelism.zero_stage": 1, "parallelism.shard_degree": 8,
+                         "parallelism.micro_batch_size": 1, "training.global_batch_size": 32},
+    "zero2-hybrid-tp2-hs4": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 2,
+                             "parallelism.pipeline": 1, "parallelism.zero_stage": 2, "parallelism.shard_degree": 4,
+                             "parallelism.micro_batch_size": 1, "training.global_batch_size": 32},
     "zero3-offload": {**GPU8, "model.preset": "gpt3-1.7b", "parallelism.zero_stage": 3,
                       "parallelism.offload": "optimizer+params", "training.global_batch_size": 64},
     "fp16-tp2-pp2-zero0": {**GPU8, "model.preset": "gpt3-1.7b", "training.precision": "fp16",

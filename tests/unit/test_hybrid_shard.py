@@ -40,7 +40,7 @@ def test_shard_degree_must_divide_dp_and_the_message_shows_the_operands():
 
 @pytest.mark.parametrize("overrides,words", [
     ({"parallelism.shard_degree": 1}, "must be > 1"),
-    ({"parallelism.zero_stage": 1}, "needs zero_stage 3"),
+    ({"parallelism.zero_stage": 0}, "got zero_stage(0): nothing is sharded"),
     ({"training.engine": "deepspeed"}, "removed MiCS"),
 ])
 def test_shard_degree_refused_where_it_cannot_run(overrides, words):
@@ -62,6 +62,21 @@ def test_megatron_gets_one_distributed_optimizer_instance_per_replica():
     assert tokens[i + 1] == "2" and "optim_grads_params" in tokens
     plain = render_megatron_args(fixed_plan(spec_data(**{**HYBRID, "parallelism.shard_degree": None})))
     assert "--num-distributed-optimizer-instances" not in plain
+
+
+def test_zero1_runs_the_distributed_optimizer_in_instances_without_fsdp():
+    tokens = render_megatron_args(fixed_plan(spec_data(**MEGATRON_LAYOUTS["zero1-hybrid-hs8"])))
+    assert tokens[tokens.index("--num-distributed-optimizer-instances") + 1] == "2"
+    assert "--use-distributed-optimizer" in tokens and "--use-megatron-fsdp" not in tokens
+
+
+@pytest.mark.parametrize("shard", [2, 8])
+def test_zero1_and_zero2_states_follow_the_paper_over_the_shard_group(shard):
+    """Rajbhandari et al. 2020, 3.1, with N = shard_degree: 4 + 12/N and 2 + 14/N bytes per parameter."""
+    psi = 1.2e9
+    for zero, expected in ((1, 4 * psi + 12 * psi / shard), (2, 2 * psi + 14 * psi / shard)):
+        s = spec(**{"parallelism.zero_stage": zero, "parallelism.shard_degree": shard})
+        assert model_states(EstimateContext.of(s), require_complete(s), psi, 24).total_bytes == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("shard", [2, 4, 8, 16])
@@ -101,6 +116,17 @@ def test_comm_is_zero3_inside_the_shard_group_plus_one_replica_all_reduce_per_st
     assert hidden.exposed_s < hybrid.exposed_s
 
 
+def test_zero1_comm_is_reduce_scatter_and_gather_inside_plus_the_replica_all_reduce():
+    """Megatron's distributed optimizer with instances (param_and_grad_buffer.py): per bucket a
+    reduce-scatter inside the instance, then an all-reduce of the shard across the instances; the updated
+    parameters all-gathered inside the instance."""
+    h, w = hw(), work(zero_stage=1)
+    shard, replicas = Placement(8, 8, 1), Placement(2, 1, 2)
+    nbytes = w.param_elements * 2
+    hybrid = hybrid_data_parallel_comm(w, shard, replicas, 0.0, h)
+    assert hybrid.bytes == pytest.approx(2 * ring_bytes(nbytes, 8) + ring_bytes(nbytes / 8, 2, "all_reduce"))
+
+
 def dp_seconds(**overrides):
     s = spec(**overrides)
     return estimate_layout(s, require_complete(s))
@@ -124,6 +150,6 @@ def test_planner_keeps_the_specs_shard_degree_and_does_not_search_it():
 
     open_zero = {**HYBRID, "parallelism.zero_stage": None}
     kept = {(lay.zero_stage, lay.shard_degree) for lay in enumerate_layouts(spec(**open_zero))}
-    assert kept == {(3, 8)}, "ZeRO 0-2 candidates are refused with a shard_degree"
+    assert kept == {(1, 8), (2, 8), (3, 8)}, "ZeRO-0 candidates are refused with a shard_degree"
     left_open = {**open_zero, "parallelism.shard_degree": None}
     assert {lay.shard_degree for lay in enumerate_layouts(spec(**left_open))} == {None}
