@@ -49,6 +49,9 @@ class Layout:
     # Megatron's --recompute-modules with recompute selective (parallelism.recompute_modules, sorted); None =
     # Megatron's default, core attention alone. Never "open": the planner may try module sets when recompute is.
     recompute_modules: Optional[tuple[str, ...]] = None
+    # Hybrid sharding (ZeRO-3): model states sharded over shard_degree data-parallel ranks, replicated across
+    # dp / shard_degree groups. None = the whole data-parallel group (a complete value, never "open").
+    shard_degree: Optional[int] = None
 
     @property
     def is_complete(self) -> bool:
@@ -67,6 +70,11 @@ class Layout:
         return self.tp * self.pp
 
     @property
+    def replicas(self) -> int:
+        """Copies of the sharded model states: dp / shard_degree (1 without hybrid sharding)."""
+        return self.dp // self.shard_degree if self.shard_degree else 1
+
+    @property
     def edp(self) -> int:
         """Expert-data-parallel degree: the ranks holding the same experts (world / (etp * ep * pp))."""
         return self.tp * self.cp * self.dp // (self.etp * self.ep)
@@ -79,11 +87,12 @@ class Layout:
         cp = f"-cp{self.cp}" if self.cp and self.cp > 1 else ""
         ep = f"-ep{self.ep}" if self.ep and self.ep > 1 else ""
         etp = f"-etp{self.etp}" if self.etp and self.etp > 1 else ""
-        return (f"tp{self.tp}{cp}-pp{self.pp}{vpp}{split}{ep}{etp}-dp{self.dp}-z{self.zero_stage}"
+        hs = f"-hs{self.shard_degree}" if self.shard_degree else ""
+        return (f"tp{self.tp}{cp}-pp{self.pp}{vpp}{split}{ep}{etp}-dp{self.dp}-z{self.zero_stage}{hs}"
                 f"-mb{self.micro_batch_size}")
 
 
-SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_split", "recompute_modules")
+SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "account_split", "recompute_modules", "shard_degree")
 
 
 # Spec field (dotted path) for each layout field, so problems name what the user writes.
@@ -92,7 +101,7 @@ FIELD_PATHS = {"tp": f"{P}.tensor", "pp": f"{P}.pipeline", "vpp": f"{P}.virtual_
                "sequence_parallel": f"{P}.sequence_parallel", "recompute": f"{P}.recompute",
                "offload": f"{P}.offload", "first_stage_layers": f"{P}.first_stage_layers",
                "last_stage_layers": f"{P}.last_stage_layers", "cp": f"{P}.context", "ep": f"{P}.expert",
-               "etp": f"{P}.expert_tensor",
+               "etp": f"{P}.expert_tensor", "shard_degree": f"{P}.shard_degree",
                "account_split": f"{P}.account_for_embedding_loss", "recompute_modules": f"{P}.recompute_modules"}
 
 
@@ -110,7 +119,7 @@ def layout_from_spec(spec: Spec) -> Layout:
                   last_stage_layers=p.last_stage_layers, cp=cp,
                   ep=p.expert if p.expert is not None or moe else 1,
                   etp=p.expert_tensor if p.expert_tensor is not None or moe else 1,
-                  account_split=p.account_for_embedding_loss,
+                  account_split=p.account_for_embedding_loss, shard_degree=p.shard_degree,
                   recompute_modules=tuple(sorted(set(p.recompute_modules))) if p.recompute_modules else None)
 
 
@@ -352,6 +361,37 @@ def rule_offload(spec: Spec, lay: Layout) -> Problem | None:
     return None
 
 
+def rule_shard_degree(spec: Spec, lay: Layout) -> Problem | None:
+    """Hybrid sharding on Megatron (--num-distributed-optimizer-instances = dp / shard_degree): ZeRO-3 and -2
+    on Megatron FSDP, ZeRO-1 on the distributed optimizer; shard_degree > 1 divides dp (and, for MoE, the
+    instances divide edp: parallel_state asserts it)."""
+    s, f = lay.shard_degree, FIELD_PATHS["shard_degree"]
+    if s is None:
+        return None
+    if s < 2:
+        return Problem(f, f"shard_degree({s}) must be > 1: it is the number of ranks each shard group spreads "
+                       "the model states over", "remove parallelism.shard_degree (shard over all of dp), or use 2 or more")
+    if _known(lay.zero_stage) and lay.zero_stage == 0:
+        return Problem(f, f"shard_degree({s}) needs ZeRO (zero_stage 1-3: the states it shards inside each group "
+                       "of shard_degree ranks), got zero_stage(0): nothing is sharded",
+                       "set zero_stage: 3 (or 1, 2), or remove parallelism.shard_degree")
+    if engine_of(spec) != "megatron":
+        return Problem(f, "shard_degree needs training.engine: megatron (its distributed optimizer instances). "
+                       "DeepSpeed 0.19.8 removed MiCS (zero_optimization.mics_shard_size raises "
+                       "DeepSpeedConfigError) and ZeRO++ hpZ (zero_hpz_partition_size) keeps only a secondary "
+                       "copy of the parameters per group: gradients and optimizer states stay sharded over all of dp",
+                       "set training.engine: megatron, or remove parallelism.shard_degree")
+    if _known(lay.dp) and lay.dp % s:
+        return Problem(f, f"dp({lay.dp}) % shard_degree({s}) = {lay.dp % s}, must be 0 (dp / shard_degree "
+                       "replicas of the sharded states)", f"use a shard_degree that divides {lay.dp}")
+    if spec.model.moe is not None and _known(lay.dp, lay.tp, lay.cp, lay.ep, lay.etp) and lay.edp % lay.replicas:
+        return Problem(f, f"expert-data-parallel edp({lay.edp}) % (dp({lay.dp}) / shard_degree({s}) = "
+                       f"{lay.replicas}) = {lay.edp % lay.replicas}, must be 0 (Megatron splits the expert "
+                       "data-parallel group into the same number of instances)",
+                       "use a larger shard_degree, or a smaller ep * etp")
+    return None
+
+
 def rule_pipeline_depth(spec: Spec, lay: Layout) -> Problem | None:
     if _known(lay.pp) and lay.pp > spec.model.num_layers:
         return Problem(FIELD_PATHS["pp"], f"pp({lay.pp}) > num_layers({spec.model.num_layers})",
@@ -409,6 +449,7 @@ LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
     rule_pipeline_depth,
     rule_vpp_needs_pp,
     rule_batch, rule_vpp_microbatches, rule_sequence_parallel, rule_pipeline_zero, rule_offload,
+    rule_shard_degree,
 ]
 SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_cpu_precision, rule_data, rule_pdsh_hosts]
 

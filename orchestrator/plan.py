@@ -84,7 +84,8 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         sequence_parallel=layout.sequence_parallel, recompute=layout.recompute, offload=layout.offload,
         first_stage_layers=layout.first_stage_layers, last_stage_layers=layout.last_stage_layers,
         context=layout.cp if layout.cp != 1 else None, **_expert_fields(spec, layout),
-        account_for_embedding_loss=True if layout.account_split else None, **_recompute_fields(spec, layout)))
+        account_for_embedding_loss=True if layout.account_split else None, shard_degree=layout.shard_degree,
+        **_recompute_fields(spec, layout)))
 
 
 def _recompute_fields(spec: Spec, layout: Layout) -> dict:

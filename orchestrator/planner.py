@@ -13,7 +13,7 @@ from typing import Iterator
 
 from .catalog.gpus import GPUS
 from .errors import Problem, SpecError
-from .estimate.comm import group_placement
+from .estimate.comm import group_placement, shard_placements
 from .estimate.cost import CostModel
 from .estimate.plausibility import mfu_warnings
 from .estimate.precision import FP8_RECIPE
@@ -293,7 +293,7 @@ def _inner(spec: Spec, fixed: Layout, d: dict, mb: int, num_mb: int) -> Iterator
                                      sequence_parallel=sp, recompute=rec, offload=off,
                                      first_stage_layers=split[0], last_stage_layers=split[1],
                                      cp=d["cp"], ep=d["ep"], etp=d["etp"], account_split=account,
-                                     recompute_modules=modules)
+                                     recompute_modules=modules, shard_degree=fixed.shard_degree)
 
 
 # Megatron recompute-module sets the planner tries for a MoE model when recompute is open (what long-context
@@ -476,6 +476,11 @@ def _network_line(ctx: EstimateContext, est: LayoutEstimate) -> str:
     parts += [f"PP {comm.pp_exposed_s:.3g} s"] if lay.pp > 1 else []
     if lay.dp > 1:
         parts.append(f"DP {comm.dp_exposed_s:.3g} s of {comm.dp_s:.3g} s; the DP group of {lay.dp} lies {where}")
+        if lay.replicas > 1:
+            shard = shard_placements(lay, hw.gpus_per_node)[0].num_nodes
+            parts[-1] += (f", sharded in groups of {lay.shard_degree} ("
+                          f"{'inside one node' if shard == 1 else f'over {shard} nodes'}) and replicated "
+                          f"{lay.replicas} times")
     return (f"network: {comm.exposed_s / est.step_time_s:.1%} of the step is exposed communication"
             + (f" ({', '.join(parts)})." if parts else " (tp, pp and dp are 1: none)."))
 

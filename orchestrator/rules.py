@@ -42,5 +42,5 @@ def check_spec(spec: Spec) -> list[Problem]:
 def _positive_degrees(spec: Spec) -> bool:
     p = spec.parallelism
     degrees = (p.tensor, p.pipeline, p.virtual_pipeline, p.data, p.micro_batch_size, p.first_stage_layers,
-               p.last_stage_layers, p.context, p.expert, p.expert_tensor)
+               p.last_stage_layers, p.context, p.expert, p.expert_tensor, p.shard_degree)
     return all(d is None or d >= 1 for d in degrees) and spec.world_size >= 1

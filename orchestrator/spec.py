@@ -267,6 +267,11 @@ class ParallelismSpec:
     expert_tensor: Optional[int] = _added_degree(MAX_DEGREE,
         "expert tensor-parallel degree etp: the experts' own tensor parallelism (MoE parallel folding; "
         "Megatron's --expert-tensor-parallel-size)")
+    shard_degree: Optional[int] = _added_degree(MAX_DEGREE,
+        "hybrid sharding (engine megatron, zero_stage 1-3): shard the ZeRO-sharded states over this many "
+        "data-parallel ranks and replicate them across dp / shard_degree groups (Megatron's "
+        "--num-distributed-optimizer-instances); must divide dp; null = shard over the whole data-parallel "
+        "group (docs/hybrid-sharding.md)")
     account_for_embedding_loss: Optional[bool] = spec_field(
         None, doc="count the embedding and the loss as one layer each when splitting the layers over the "
         "pipeline (Megatron's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split; "

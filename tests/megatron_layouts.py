@@ -2,6 +2,8 @@
 unit tests (tests/unit/test_render_megatron.py) and the real-consumer checks (tests/integration/test_megatron_real.py)."""
 
 GPU8 = {"cluster.gpu": "h100-sxm", "cluster.gpus_per_node": 8, "training.precision": "bf16"}
+HYBRID_2X8 = {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 1,
+              "parallelism.pipeline": 1, "parallelism.micro_batch_size": 1, "training.global_batch_size": 32}
 MEGATRON_LAYOUTS = {
     "tiny-zero2-cpu": {},
     "tiny-zero0-cpu": {"parallelism.zero_stage": 0},
@@ -15,6 +17,12 @@ MEGATRON_LAYOUTS = {
     "pp4-vpp3": {**GPU8, "model.preset": "gpt3-1.7b", "cluster.num_nodes": 2, "parallelism.tensor": 2,
                  "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 3, "parallelism.zero_stage": 1,
                  "parallelism.micro_batch_size": 1, "training.global_batch_size": 32},
+    # Hybrid sharding: ZeRO-3 (Megatron FSDP) sharded inside each node of 8, replicated across the 2 nodes;
+    # the same at ZeRO-1 (distributed optimizer instances) and ZeRO-2 (Megatron FSDP, tp 2: 4 dp ranks a node).
+    "zero3-hybrid-hs8": {**HYBRID_2X8, "parallelism.zero_stage": 3, "parallelism.shard_degree": 8},
+    "zero1-hybrid-hs8": {**HYBRID_2X8, "parallelism.zero_stage": 1, "parallelism.shard_degree": 8},
+    "zero2-hybrid-tp2-hs4": {**HYBRID_2X8, "parallelism.tensor": 2, "parallelism.zero_stage": 2,
+                             "parallelism.shard_degree": 4},
     "zero3-offload": {**GPU8, "model.preset": "gpt3-1.7b", "parallelism.zero_stage": 3,
                       "parallelism.offload": "optimizer+params", "training.global_batch_size": 64},
     "fp16-tp2-pp2-zero0": {**GPU8, "model.preset": "gpt3-1.7b", "training.precision": "fp16",

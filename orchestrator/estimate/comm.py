@@ -267,6 +267,27 @@ def _zero3_comm(w: DataParallelWork, pl: Placement, overlap: float, hw: Hardware
                             calls=m * (round((1 + passes_b) * units) + red_calls))
 
 
+def hybrid_data_parallel_comm(work: DataParallelWork, shard_pl: Placement, replica_pl: Placement, overlap: float,
+                              hw: Hardware) -> DataParallelComm:
+    """Hybrid sharding (ZeRO-3 over a shard group, replicated across groups): the ZeRO-3 gathers and
+    reduce-scatters of :func:`data_parallel_comm` inside the shard group ``shard_pl``, plus, once per step, an
+    all-reduce of each rank's gradient shard (1/shard of the gradients, in the engine's reduction buckets)
+    across the ``replica_pl`` ranks holding the same shard. Megatron FSDP launches it on the last micro-batch,
+    bucket by bucket on its own stream (megatron_fsdp.py ``outer_fsdp_group_grad_reduce``): it hides behind
+    that micro-batch's backward but its last bucket."""
+    inner = data_parallel_comm(work, shard_pl, overlap, hw)
+    if replica_pl.size <= 1:
+        return inner
+    _, bucket = _gradient_buckets(work, shard_pl.size)
+    shard_grads = work.param_elements * work.grad_bytes / shard_pl.size
+    ar_s, ar_one, ar_calls = bucketed_s("all_reduce", shard_grads, bucket * work.grad_bytes / shard_pl.size,
+                                        replica_pl, hw)
+    exposed = max(ar_one, ar_s - overlap * work.backward_window_s)
+    return DataParallelComm(inner.bytes + ring_bytes(shard_grads, replica_pl.size, "all_reduce"),
+                            inner.time_s + ar_s, inner.exposed_s + exposed, reduce_s=inner.reduce_s + ar_s,
+                            calls=inner.calls + ar_calls)
+
+
 @dataclass(frozen=True)
 class LegacyGathers:
     """The parameter all-gathers of one micro-batch under DeepSpeed before 0.6 (:func:`_legacy_zero3_gathers`)."""
@@ -416,3 +437,17 @@ def grad_sync_size(lay: Layout) -> int:
     """Ranks that hold the same dense weights and reduce their gradients: dp x cp (Megatron folds the
     context-parallel ranks into the data-parallel gradient group)."""
     return lay.dp * lay.cp
+
+
+def shard_group_size(lay: Layout) -> int:
+    """Ranks one copy of the dense model states is sharded over: dp x cp, or shard_degree x cp with hybrid
+    sharding (Megatron's partial data-parallel group: (dp x cp) / num_distributed_optimizer_instances)."""
+    return grad_sync_size(lay) // lay.replicas
+
+
+def shard_placements(lay: Layout, gpus_per_node: int) -> tuple[Placement, Placement]:
+    """(shard group, replica group) of the dense weights: the shard group is consecutive members of the
+    dp x cp group (tp apart), the replica group one member of each shard group (tp x shard apart)."""
+    shard = shard_group_size(lay)
+    return (group_placement(shard, lay.tp, gpus_per_node),
+            group_placement(lay.replicas, lay.tp * shard, gpus_per_node))

@@ -26,7 +26,8 @@ from ..spec import Spec
 from ..stages import StageSplit
 from .activations import ActivationsEstimate, estimate_activations
 from .comm import (CommEstimate, DataParallelComm, DataParallelWork, Placement, all_gather_s, all_reduce_s,
-                   data_parallel_comm, grad_sync_size, group_placement, pipeline_transfer, ring_bytes,
+                   data_parallel_comm, grad_sync_size, group_placement, hybrid_data_parallel_comm,
+                   shard_group_size, shard_placements, pipeline_transfer, ring_bytes,
                    tensor_parallel_layer_comm)
 from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_factor
 from .cost import CostModel
@@ -103,6 +104,8 @@ class LayoutEstimate:
         split = {k: getattr(lay, k) for k in ("first_stage_layers", "last_stage_layers") if getattr(lay, k) is not None}
         if lay.account_split:
             split["account_for_embedding_loss"] = True
+        if lay.shard_degree:
+            split["shard_degree"] = lay.shard_degree
         return split | {
             "engine": self.engine, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "dp": lay.dp, "cp": lay.cp,
             "ep": lay.ep, "etp": lay.etp, "zero_stage": lay.zero_stage,
@@ -176,7 +179,7 @@ def _expert_elements(ctx: EstimateContext, lay: Layout, elements: float, layers:
 def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> ModelStatesEstimate:
     """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
     expert = _expert_elements(ctx, lay, psi, layers)
-    dense = estimate_model_states(psi - expert, grad_sync_size(lay), sharding_stage(ctx, lay), lay.offload,
+    dense = estimate_model_states(psi - expert, shard_group_size(lay), sharding_stage(ctx, lay), lay.offload,
                                   ctx.precision)
     if uses_bf16_optimizer(ctx, lay):          # a full fp32 copy of every gradient besides the bf16 one
         dense = dataclasses.replace(dense, grads_bytes=dense.grads_bytes + 4 * (psi - expert))
@@ -185,7 +188,7 @@ def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> 
                                     dense.optimizer_bytes, dense.host_bytes)
     if not expert:
         return dense
-    experts = estimate_model_states(expert, lay.edp, lay.zero_stage, lay.offload, ctx.precision)
+    experts = estimate_model_states(expert, lay.edp // lay.replicas, lay.zero_stage, lay.offload, ctx.precision)
     return ModelStatesEstimate(*(getattr(dense, f) + getattr(experts, f) for f in
                                  ("params_bytes", "grads_bytes", "optimizer_bytes", "host_bytes")))
 
@@ -463,6 +466,7 @@ def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_win
 
 # Layouts that differ only in what the DP traffic does not see (interleaving, splits) share its cost.
 _data_parallel_comm = lru_cache(maxsize=65536)(data_parallel_comm)
+_hybrid_data_parallel_comm = lru_cache(maxsize=4096)(hybrid_data_parallel_comm)
 
 
 def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, layers: int) -> DataParallelComm:
@@ -472,11 +476,19 @@ def _gradient_sync(ctx: EstimateContext, lay: Layout, work, elements: float, lay
     gpn, cost, hw = ctx.hw.gpus_per_node, ctx.cost, ctx.hw
     expert = _expert_elements(ctx, lay, elements, layers)
     overlap = dp_overlap_fraction(cost, hw)
-    dense = _data_parallel_comm(work(elements - expert), group_placement(grad_sync_size(lay), lay.tp, gpn),
-                                overlap, hw)
+    if lay.replicas > 1:
+        dense = _hybrid_data_parallel_comm(work(elements - expert), *shard_placements(lay, gpn), overlap, hw)
+    else:
+        dense = _data_parallel_comm(work(elements - expert), group_placement(grad_sync_size(lay), lay.tp, gpn),
+                                    overlap, hw)
     if not expert:
         return dense
-    experts = _data_parallel_comm(work(expert), group_placement(lay.edp, lay.etp * lay.ep, gpn), overlap, hw)
+    if lay.replicas > 1:      # Megatron splits the expert-data-parallel group into as many instances
+        shard = lay.edp // lay.replicas
+        experts = _hybrid_data_parallel_comm(work(expert), group_placement(shard, lay.etp * lay.ep, gpn),
+                                             group_placement(lay.replicas, lay.etp * lay.ep * shard, gpn), overlap, hw)
+    else:
+        experts = _data_parallel_comm(work(expert), group_placement(lay.edp, lay.etp * lay.ep, gpn), overlap, hw)
     return DataParallelComm(*(getattr(dense, f) + getattr(experts, f) for f in
                               ("bytes", "time_s", "exposed_s", "reduce_s", "calls")))
 
@@ -528,7 +540,8 @@ def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int, l
     (as :func:`model_states` holds them)."""
     hw = ctx.hw
     expert = _expert_elements(ctx, lay, stage_params, layers)
-    owned = ((stage_params - expert) / grad_sync_size(lay) + expert / lay.edp) if sharding_stage(ctx, lay) >= 1 \
+    owned = ((stage_params - expert) / shard_group_size(lay) + expert / (lay.edp // lay.replicas)) \
+        if sharding_stage(ctx, lay) >= 1 \
         else stage_params
     if lay.offload == "none":
         # On CPU orch writes torch_adam (render/deepspeed.py): PyTorch's unfused single-tensor Adam.

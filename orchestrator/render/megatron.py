@@ -74,6 +74,10 @@ def _data_parallel_args(plan: Plan) -> list[str]:
     if uses_megatron_fsdp(plan):
         args += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", _SHARDING[lay.zero_stage],
                  "--no-gradient-accumulation-fusion"]
+    if lay.replicas > 1:
+        # Hybrid sharding: shard inside (dp x cp) / instances ranks, replicate across the instances (Megatron
+        # FSDP's outer group keeps its default --outer-dp-sharding-strategy no_shard); docs/hybrid-sharding.md
+        args += ["--num-distributed-optimizer-instances", str(lay.replicas)]
     if lay.dp > 1:
         args.append("--overlap-grad-reduce")
         if lay.zero_stage >= 1:

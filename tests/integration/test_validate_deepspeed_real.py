@@ -97,6 +97,9 @@ REJECTED_BY_DEEPSPEED = [
      "zero_optimization.offload_param.device", "Input should be 'none', 'cpu' or 'nvme'"),
     ("removed feature key", {**good_config(1), "elasticity": {"enabled": True}}, DP, "elasticity",
      "Elastic training has been removed"),
+    # why parallelism.shard_degree refuses engine deepspeed (docs/hybrid-sharding.md): MiCS is gone in 0.19.8
+    ("MiCS hybrid sharding (removed)", with_(3, zero_optimization__mics_shard_size=2), DP, "zero_optimization",
+     "MiCS ZeRO-3 sharding has been removed"),
     ("wall_clock_breakdown 'yes'", with_(1, wall_clock_breakdown="yes"), DP, "", "unsupported operand"),
     ("train_batch_size 'auto'", with_(1, train_batch_size="auto"), DP, "", "not supported between"),
     ("two of three batch keys, not whole at dp 64 (DeepSpeed floors, then asserts)",
