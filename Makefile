@@ -15,7 +15,7 @@ export DS_BUILD_OPS ?= 0
 export DS_ACCELERATOR ?= cpu
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: venv test test-fast demo ops schemas readme docs megatron-flags megatron-lm golden clean bench
+.PHONY: venv test test-fast demo demo-script ops schemas readme docs megatron-flags megatron-lm golden clean bench
 
 venv: $(STAMP)
 
@@ -42,6 +42,12 @@ ops: venv
 
 demo: venv ops
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python examples/demo.py
+
+# The same chain for a user's own program: a DeepSpeed tutorial-style script (examples/programs/ds_minimal.py)
+# under orch's telemetry wrapper (demo-runs/ds-script-cpu: metrics.jsonl, W&B offline run).
+demo-script: venv ops
+	$(BIN)/orch generate examples/ds-script-cpu.yaml -o demo-runs/ds-script-cpu --force --discard-outputs
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/orch launch demo-runs/ds-script-cpu --wait
 
 # The JSON Schemas from the typed records, then docs/spec.md from the spec's schema (tests fail when stale).
 schemas: venv
