@@ -46,10 +46,9 @@ def dump_json(data) -> str:
 
 
 def render_spec_yaml(spec: Spec, header: str) -> str:
-    import yaml  # noqa: PLC0415
+    from .userfiles import dump_yaml  # noqa: PLC0415
 
-    body = yaml.safe_dump(spec_to_data(spec), sort_keys=False, default_flow_style=False, width=100)
-    return f"{header}\n{body}"
+    return f"{header}\n{dump_yaml(spec_to_data(spec))}"
 
 
 def render_run_dir(plan: Plan) -> dict[str, str]:

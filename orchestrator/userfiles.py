@@ -263,11 +263,26 @@ def _make_loader():
                     seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
-    # YAML 1.2 reads 1e12 and 1.0e12 as numbers; PyYAML's 1.1 resolver wants a dot and a signed exponent and
-    # would make them strings (SPEC.md writes training.total_tokens: 1.0e12).
-    BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
-        r"^[-+]?([0-9][0-9_]*(\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
+    BoundedLoader.add_implicit_resolver(*_EXPONENT_FLOAT)
     return BoundedLoader
+
+
+# YAML 1.2 reads 1e12 and 1.0e12 as numbers; PyYAML's 1.1 resolver wants a dot and a signed exponent and
+# would make them strings (SPEC.md writes training.total_tokens: 1.0e12). The loader and dump_yaml's dumper
+# share it, so that a string such as "5e-05" is written quoted and reads back as a string.
+_EXPONENT_FLOAT = ("tag:yaml.org,2002:float", re.compile(r"^[-+]?([0-9][0-9_]*(\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+                   list("-+0123456789."))
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML that parse_yaml reads back as ``data`` (block style, keys in their order)."""
+    import yaml  # noqa: PLC0415
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_implicit_resolver(*_EXPONENT_FLOAT)
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=100)
 
 
 def _expanded_size(node, memo: dict) -> int:

@@ -18,6 +18,7 @@ from orchestrator.plan import build_plan
 from orchestrator.programs import load_program, substitute_run_dir
 from orchestrator.rundir import write_run_dir
 from orchestrator.spec_loader import load_spec
+from orchestrator.userfiles import dump_yaml
 from orchestrator.validate.megatron_lm import (HOW_TO_ENABLE, LmRun, check_with_megatron_lm, launch_script_env,
                                                megatron_lm_reports, megatron_lm_root)
 from tests.conftest import EXAMPLES, ROOT, spec_data
@@ -135,7 +136,7 @@ def test_the_hf_trainer_accepts_orchs_training_arguments_beside_its_ds_config(tm
                             "program": {"kind": "script", "path": str(script), "ds_config_arg": "--deepspeed",
                                         "args": ["--learning_rate", "5e-5", "--max_steps", "3"]}})
         spec_path = tmp_path / f"{name}.yaml"
-        spec_path.write_text(yaml.safe_dump(data))
+        spec_path.write_text(dump_yaml(data))   # as orch writes YAML: '5e-05' stays a string
         run = write_run_dir(build_plan(load_spec(spec_path), top_k=1), tmp_path / name)
         requests.append({"name": name, "argv": substitute_run_dir(load_program(run)["argv"], run)[1:]})
     env = job_env(WORLD_SIZE="1", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))

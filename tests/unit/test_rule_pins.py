@@ -61,3 +61,12 @@ def test_bubble_is_the_worst_stage_wherever_it_is():
     assert r.bubble_fraction == pytest.approx(0.5)                       # 1 - 1.0 / 2.0, the middle stage
     assert r.bubble_fraction_mean == pytest.approx((0.1 + 0.5 + 0.2) / 3)
     assert r.bubble_fraction > r.bubble_fraction_mean
+
+
+def test_a_string_that_yaml_1_2_reads_as_a_float_round_trips_quoted():
+    """spec.resolved.yaml is read back by a YAML 1.2-style loader (1.0e12 is a number): orch's dumper must quote
+    '5e-05' (a string to PyYAML's 1.1 resolver), or a program argument would come back as a float."""
+    from orchestrator.userfiles import dump_yaml, parse_yaml
+
+    data = {"program": {"args": ["--learning_rate", "5e-05", "1E3", "x1e5"]}, "training": {"total_tokens": 1.0e12}}
+    assert parse_yaml(dump_yaml(data), "t.yaml") == data
