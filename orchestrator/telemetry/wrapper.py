@@ -488,18 +488,43 @@ class ProgramTelemetry:
                 note(f"warning: closing {type(sink).__name__} failed: {e}")
         self.sinks = []
 
+    def _close_process_groups(self) -> None:
+        try:
+            _leave_groups(self)
+        except Exception as e:  # noqa: BLE001  (closing must never change how the program ends)
+            note(f"warning: could not close the process groups the program left: {e}")
+
     def finish(self, code: int, *, clean: bool = True) -> None:
         """After the program: publish the last CUDA step (only when it ended cleanly: a peer that crashed
         would never join the collective), close the sinks, write train_status.json."""
         try:
             if clean:
                 self.flush()
+                self._close_process_groups()
         finally:
             self.write_status(code, state="preempted" if self.signal_name else None)
             self.close_sinks(code)
             if self.rank == 0:
                 note(f"{self.step} optimizer step(s) observed; telemetry's own time {self.own_s:.4f} s; "
                      f"metrics: {self.run_dir_path / 'metrics.jsonl'}")
+
+
+def _leave_groups(wrapper: "ProgramTelemetry") -> None:
+    """After a clean end, close the process groups a program left up (the HF Trainer does): on gloo a process
+    that exits with them alive may abort ("terminate called without an active exception", ENV-NOTES.md). The
+    ranks meet first on the wrapper's own gloo group, with a deadline, so that one that is still working is
+    not cut off and one that died cannot hang the others."""
+    import datetime  # noqa: PLC0415
+
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    side, wrapper._side = wrapper._side, None
+    if side is not None:
+        dist.monitored_barrier(group=side, timeout=datetime.timedelta(seconds=120))
+    destroy = getattr(dist.destroy_process_group, "__wrapped__", dist.destroy_process_group)
+    destroy()
 
 
 def _number(value) -> float | None:
