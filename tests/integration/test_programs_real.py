@@ -6,7 +6,7 @@ the telemetry wrapper without a line of them changed.
 Checks: metrics.jsonl and the W&B offline run carry per-step tokens/s, TFLOP/s, MFU and all-reduce time (bubble
 for the pipeline); the wrapper's all-reduce and step times agree with torch.profiler's over the same steps
 (within 10%); orch compare / calibrate take such a run beside one of orch's own trainer; a SIGTERM reaches the
-script and the attempt is recorded. The SLURM and pdsh backends run one variant each (test_programs_cluster.py).
+script and the attempt is recorded. The SLURM and pdsh backends run every variant (test_programs_cluster.py).
 """
 from __future__ import annotations
 
