@@ -67,3 +67,13 @@ def pytest_report_header(config):
 
     return (f"deadlines x{time_factor():.1f} for this machine (CPU probe x{probe_factor():.1f}, load x{load_factor():.1f};"
             " tests/deadlines.py; ORCH_TEST_TIME_FACTOR forces one)")
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """`orch ARGV` in this process: (exit code, stdout, stderr)."""
+    from orchestrator.cli import main  # noqa: PLC0415
+
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    out, err = capsys.readouterr()
+    return info.value.code, out, err

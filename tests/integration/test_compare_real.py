@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
 from tests.conftest import EXAMPLES
 from tests.integration.train_support import load_metrics, make_run_dir, train
 from tests.deadlines import scaled_s
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("deepspeed")
@@ -43,13 +43,6 @@ def real_runs(tmp_path_factory) -> dict:
     for run_dir in (z1, z3):
         train(run_dir)
     return {"z1": z1, "z3": z3}
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
 
 
 def wandb_dir(run_dir: Path) -> Path:

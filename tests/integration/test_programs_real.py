@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
 from tests.integration.program_support import ENTRY, assert_observed, ds_argv, hf_argv, write_program
 from tests.integration.train_support import descendants, job_env, load_metrics, make_run_dir, read_wandb_history, train
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("deepspeed")
@@ -147,13 +147,6 @@ def test_hf_trainer_script(tmp_path):
     assert [float(v) for v in logged] == pytest.approx([r["loss"] for r in records], rel=0.1)
     history, _ = read_wandb_history(run)
     assert len(history) == STEPS and all(h["tokens_per_s"] > 0 for h in history)
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
 
 
 def test_compare_and_calibrate_beside_the_orch_trainer(zero2_run, tmp_path, capsys):

@@ -9,13 +9,13 @@ import pytest
 
 from orchestrator.calibrate import (CalibrationFile, Observation, calibrate, load_calibration, predict,
                                     reduction_time_s, write_calibration)
-from orchestrator.cli import main
 from orchestrator.errors import SpecError
 from orchestrator.estimate import CostModel
 from orchestrator.layout import require_complete
 from orchestrator.spec_loader import parse_spec
 from tests.conftest import EXAMPLES, spec_data
 from tests.unit.compare_support import make_run_dir, record
+from tests.conftest import run_cli
 
 TRUE = CostModel(matmul_efficiency=0.3, attention_efficiency=0.15, kernel_gap_s=2e-5, intra_node_efficiency=0.3,
                  dp_overlap=0.25)
@@ -23,13 +23,6 @@ LAYOUTS = {"z1-mb1": {"parallelism.zero_stage": 1, "parallelism.micro_batch_size
            "z2-mb2": {"parallelism.zero_stage": 2, "parallelism.micro_batch_size": 2},
            "z0-mb4": {"parallelism.zero_stage": 0, "parallelism.micro_batch_size": 4},
            "pp2-mb2": {"parallelism.pipeline": 2, "parallelism.zero_stage": 1, "parallelism.micro_batch_size": 2}}
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
 
 
 def truth(overrides: dict) -> dict:

@@ -6,15 +6,8 @@ import json
 import pytest
 import yaml
 
-from orchestrator.cli import main
 from tests.conftest import spec_data
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
+from tests.conftest import run_cli
 
 
 def _yaml(**overrides) -> str:

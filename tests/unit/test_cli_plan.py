@@ -8,19 +8,12 @@ import sys
 import pytest
 import yaml
 
-from orchestrator.cli import main
 from tests.conftest import EXAMPLES, ROOT
 from tests.unit.test_estimate_step import COMM_KEYS, LAYOUT_KEYS, MEMORY_KEYS
 from tests.deadlines import scaled_s
+from tests.conftest import run_cli
 
 PLAN_EXAMPLES = ["llama3-8b-64xh100", "gpt3-1.7b-32xa100", "gpt3-175b-1024xa100"]
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
 
 
 @pytest.mark.parametrize("name", PLAN_EXAMPLES)

@@ -9,18 +9,11 @@ import pytest
 import yaml
 
 from orchestrator import compare as cmp
-from orchestrator.cli import main
 from orchestrator.errors import SpecError
 from orchestrator.runs import load_run, load_runs, parse_transaction_log, parse_wandb_path, run_from_wandb
 from tests.unit.compare_support import make_run_dir, record, steady, write_metrics
 from tests.deadlines import scaled_s
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
+from tests.conftest import run_cli
 
 
 # --- statistics ----------------------------------------------------------------------------------------

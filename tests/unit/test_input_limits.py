@@ -12,16 +12,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.cli import main
 from orchestrator.validate.deepspeed import validate_ds_config_file
 from tests.conftest import spec_data
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
+from tests.conftest import run_cli
 
 
 def _write(tmp_path, text: str, name: str = "spec.yaml"):

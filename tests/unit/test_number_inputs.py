@@ -10,17 +10,10 @@ import os
 import pytest
 import yaml
 
-from orchestrator.cli import main
 from tests.conftest import spec_data
+from tests.conftest import run_cli
 
 BIG_INT = "1" + "0" * 400
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from datetime import datetime
 import pytest
 import yaml
 
-from orchestrator.cli import main
 from orchestrator.errors import SpecError
 from orchestrator.programs import RUN_DIR_TOKEN, substitute_run_dir
 from orchestrator.programs.argv import program_warnings, render_program
@@ -17,13 +16,7 @@ from orchestrator.programs.megatron_log import parse_iteration_line
 from orchestrator.spec import spec_sha256, spec_to_data
 from orchestrator.spec_loader import load_spec, parse_spec
 from tests.conftest import fixed_plan, spec_data
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
+from tests.conftest import run_cli
 
 
 @pytest.fixture
