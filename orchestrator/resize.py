@@ -202,7 +202,15 @@ def _unsupported(changes, reason: str):
                             "train the new layout from step 0"))
 
 
-FOLLOWERS = {"orch": follow_reference}     # program kind -> (old layout, new layout, spec) -> Conversion
+def follow_megatron(old: dict, new: dict, spec: Spec) -> Conversion:
+    """kind megatron-lm: Megatron-LM reshards its torch_dist checkpoint at load (orchestrator/resize_megatron.py);
+    a SpecError naming the change when the source's checkpoint format cannot follow it."""
+    from .resize_megatron import can_follow  # noqa: PLC0415
+
+    return Conversion(*can_follow(old, new))
+
+
+FOLLOWERS = {"orch": follow_reference, "megatron-lm": follow_megatron}   # program kind -> (old, new, spec) -> Conversion
 
 
 def follower(spec: Spec):
@@ -220,6 +228,10 @@ def source_checkpoint(run, step: int | None = None) -> tuple[Path, int]:
     else a SpecError."""
     from .train.checkpoint import checkpoint_dir, resume_choice, step_problem  # noqa: PLC0415  (no torch)
 
+    if program_kind(run.spec) == "megatron-lm":     # Megatron-LM's own iter_* dirs
+        from .resize_megatron import source_checkpoint as megatron_checkpoint  # noqa: PLC0415
+
+        return megatron_checkpoint(run, step)
     ckpt = checkpoint_dir(run.path, run.spec)
     if step is not None:
         problem = step_problem(ckpt, step)
@@ -277,7 +289,12 @@ def plan_resize(source_dir: str | Path, new_spec: Spec | None = None, *, nodes: 
     resume = {"source_run_dir": str(run.path.resolve()), "source_step": step,
               "source_checkpoint": str((src_ckpt / f"global_step{step}").resolve()),
               "program": program_kind(source), "old_layout": layout_record(source),
-              "lr_schedule": lr}
+              "lr_schedule": lr, "source_wandb": source_wandb(run)}
+    if resume["program"] == "megatron-lm":
+        from .resize_megatron import source_format, step_dir_name  # noqa: PLC0415
+
+        resume["source_checkpoint"] = str((src_ckpt / step_dir_name(step)).resolve())
+        resume["old_layout"]["checkpoint"] = source_format(run, src_ckpt, step)
     return Resize(spec=spec, resume=resume, notes=tuple(notes), follow=follow)
 
 
@@ -287,8 +304,13 @@ def finish_resume(resize: Resize, plan) -> dict:
 
     resume = dict(resize.resume)
     new = layout_record(plan.spec)
+    if resume["program"] == "megatron-lm":
+        from .resize_megatron import plan_format  # noqa: PLC0415
+
+        new["checkpoint"] = plan_format(plan)
     conversion = resize.follow(resume["old_layout"], new, plan.spec)
-    output = f"resume/{conversion.method}/global_step{resume['source_step']}"
+    output = (None if conversion.method == "reshard" else      # Megatron-LM loads the source's checkpoint itself
+              f"resume/{conversion.method}/global_step{resume['source_step']}")
     resume.update(new_layout=new, conversion={**asdict(conversion), "changes": list(conversion.changes),
                                               "output": output})
     return resume
@@ -306,9 +328,25 @@ def write_resized(resize: Resize, out_dir: str | Path, *, top_k: int = 5, cost=N
     out = Path(out_dir).resolve()
     if out == source or source in out.parents:
         raise SpecError(Problem("-o", f"{out} is the source run dir or inside it", "write the new run dir elsewhere"))
-    write_run_dir(plan, out_dir, force=force, discard_outputs=discard_outputs,
-                  extra_files={RESUME_FILE: dump_json(resume)})
+    extra = {RESUME_FILE: dump_json(resume)}
+    if resume["program"] == "megatron-lm":          # --load the source's checkpoint dir at its step
+        from .resize_megatron import resumed_files  # noqa: PLC0415
+
+        extra.update(resumed_files(plan, resume))
+    write_run_dir(plan, out_dir, force=force, discard_outputs=discard_outputs, extra_files=extra)
     return plan, resume
+
+
+def source_wandb(run) -> dict:
+    """The source run's W&B group and run id (its wandb_run_id file; None before a W&B run was opened): the
+    resized run's W&B run joins that group and names its parent (telemetry/wandb_sink.py)."""
+    from .outfiles import read_regular_no_follow  # noqa: PLC0415
+    from .telemetry.wandb_sink import RUN_ID_FILE  # noqa: PLC0415  (light: no wandb)
+
+    w = run.spec.tracking.wandb
+    data = read_regular_no_follow(Path(run.path) / RUN_ID_FILE, 256)
+    run_id = data.decode("utf-8", "replace").strip() if data else None
+    return {"group": w.group or run.spec.name, "project": w.project, "run_id": run_id or None}
 
 
 def describe(run_dir: str | Path) -> str | None:

@@ -184,6 +184,12 @@ class CheckpointSpec:
                           "no '..', only letters, digits and . _ - + = @ ,")
     interval: int = spec_field(100, doc="save every N optimizer steps", minimum=1,
                            maximum=MAX_STEPS)
+    reshardable: Optional[bool] = spec_field(
+        None, doc="save checkpoints that a resized run (orch resize) loads at another tp / pp / dp / ep, engine "
+        "megatron: --ckpt-format torch_dist and, with the distributed optimizer (zero_stage 1), "
+        "--dist-ckpt-optim-fully-reshardable (Megatron FSDP, zero_stage 2/3, saves fsdp_dtensor: reshardable over "
+        "dp only); null = false: Megatron's distributed-optimizer state then reshards over dp only. The DeepSpeed "
+        "engine's checkpoints are converted at resize instead (docs/resize.md)", omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)

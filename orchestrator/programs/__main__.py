@@ -31,6 +31,10 @@ def load_program(run_dir: Path) -> dict:
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise SystemExit(f"orch-program: error: {path}: 'argv' must be a non-empty list of strings")
     program["argv"] = substitute_run_dir(argv, run_dir)
+    if program.get("kind") == "megatron-lm":    # a resized run loads its own checkpoint once it has one
+        from ..resize_megatron import start_argv  # noqa: PLC0415
+
+        program["argv"] = start_argv(run_dir, program["argv"])
     if not Path(program["argv"][0]).is_file():
         raise SystemExit(f"orch-program: error: program.argv[0]: {program['argv'][0]} is not a file; fix "
                          "program.path in the spec and run `orch generate` again")

@@ -168,7 +168,19 @@ def _batch_args(plan: Plan) -> list[str]:
 def _checkpoint_args(plan: Plan) -> list[str]:
     c = plan.spec.training.checkpoint
     fmt = "fsdp_dtensor" if uses_megatron_fsdp(plan) else "torch_dist"
-    return ["--save", c.dir, "--load", c.dir, "--save-interval", str(c.interval), "--ckpt-format", fmt]
+    return ["--save", c.dir, "--load", c.dir, "--save-interval", str(c.interval), "--ckpt-format", fmt] + \
+        reshardable_args(plan)
+
+
+def reshardable_args(plan: Plan) -> list[str]:
+    """training.checkpoint.reshardable with the distributed optimizer outside Megatron FSDP: its state saved in
+    the model-space layout that loads at another tp / pp / ep / dp (core_v0.16.1's 'fully_reshardable'
+    distrib_optim_sharding_type; the default 'dp_reshardable' loads at another dp only), loaded fully in
+    parallel across dp (what Megatron-Core recommends for that format). torch_dist itself reshards the model
+    and a non-distributed optimizer; Megatron FSDP's fsdp_dtensor has no such option (docs/resize.md)."""
+    if not plan.spec.training.checkpoint.reshardable or uses_megatron_fsdp(plan) or plan.layout.zero_stage < 1:
+        return []
+    return ["--dist-ckpt-optim-fully-reshardable", "--ckpt-fully-parallel-load"]
 
 
 def _data_args(plan: Plan) -> list[str]:

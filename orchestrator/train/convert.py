@@ -48,7 +48,7 @@ def read_resume(run_path: Path) -> dict | None:
         data = json.loads(path.read_text())
         for key in ("source_checkpoint", "source_step", "conversion"):
             data[key]
-        if data["conversion"]["method"] not in ("copy", "universal"):
+        if data["conversion"]["method"] not in ("copy", "universal", "reshard"):
             raise ValueError(f"unknown conversion method {data['conversion']['method']!r}")
         return data
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -73,6 +73,14 @@ def convert(run_path: str | Path, *, log=print) -> ResumeSource | None:
     run_path = Path(run_path)
     resume = read_resume(run_path)
     if resume is None:
+        return None
+    if resume["conversion"]["method"] == "reshard":     # Megatron-LM reshards at load: only check the source
+        from ..resize_megatron import verify_source  # noqa: PLC0415
+
+        problem, said = verify_source(run_path, resume)
+        if problem:
+            raise RuntimeError(f"source checkpoint {resume['source_checkpoint']} is unusable: {problem}")
+        log(said)
         return None
     out = target(run_path, resume)
     own = _own_checkpoint(run_path)
