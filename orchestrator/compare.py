@@ -7,7 +7,7 @@ statistics, the breakdown and the warm-up rule: docs/cost-model.md, "compare.py"
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .runs import MeasuredRun, load_runs
 from .spec import spec_to_data
@@ -330,12 +330,53 @@ def _fmt(value: float) -> str:
 
 # --- the whole comparison ------------------------------------------------------------------------------
 
+RESIZE_FIGURES = ("step_time_s", "tokens_per_s", "mfu")
+
+
+def resize_links(runs: list[RunComparison]) -> list[dict]:
+    """Each compared run dir that continues another (its resume.json): the source (its label when it is compared
+    too), the step, both layouts and, per layout, the plan's predicted figures (the source's plan.json) and the
+    measured ones (when that run is compared)."""
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from .resize import read_resume  # noqa: PLC0415
+    from .telemetry.wandb_sink import layout_tag_of  # noqa: PLC0415
+
+    by_dir = {str(Path(r.run.source).resolve()): r for r in runs if r.run.kind == "run_dir"}
+    links = []
+    for run in runs:
+        try:
+            resume = read_resume(run.run.source) if run.run.kind == "run_dir" else None
+            if resume is None:
+                continue
+            src_dir = str(resume["source_run_dir"])
+            source = by_dir.get(str(Path(src_dir).resolve()))
+            if source is not None:
+                old_predicted, old_measured = source.predicted, source.measured
+            else:
+                chosen = json.loads((Path(src_dir) / "plan.json").read_text()).get("chosen") or {}
+                old_predicted, old_measured = predicted_metrics(chosen), {}
+            old, new = layout_tag_of(resume["old_layout"]), layout_tag_of(resume["new_layout"])
+            method = resume["conversion"]["method"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue      # an unreadable resume.json or source plan: the runs still compare, without the link
+        pick = lambda values: {k: values.get(k) for k in RESIZE_FIGURES}  # noqa: E731
+        links.append({"run": run.label, "source": source.label if source is not None else None,
+                      "source_run_dir": src_dir, "source_step": resume.get("source_step"), "conversion": method,
+                      "layouts": {"old": old, "new": new},
+                      "predicted": {"old": pick(old_predicted), "new": pick(run.predicted)},
+                      "measured": {"old": pick(old_measured) if old_measured else None, "new": pick(run.measured)}})
+    return links
+
+
 @dataclass(frozen=True)
 class Comparison:
     runs: list
     diff: dict
     winner: dict
     warmup_requested: int | None = None
+    resizes: list = field(default_factory=list)
 
     @property
     def warmup_rule(self) -> str:
@@ -346,14 +387,15 @@ class Comparison:
 
     def to_dict(self) -> dict:
         return {"warmup": {"rule": self.warmup_rule, "steps": [r.warmup for r in self.runs]},
-                "runs": [r.to_dict() for r in self.runs], "diff": self.diff, "winner": self.winner}
+                "runs": [r.to_dict() for r in self.runs], "diff": self.diff, "winner": self.winner,
+                "resizes": self.resizes}
 
 
 def compare_runs(runs: list[MeasuredRun], warmup: int | None = None) -> Comparison:
     labels = run_labels(runs)
     compared = [compare_run(run, label, warmup) for run, label in zip(runs, labels)]
     return Comparison(runs=compared, diff=diff_runs(compared), winner=pick_winner(compared),
-                      warmup_requested=warmup)
+                      warmup_requested=warmup, resizes=resize_links(compared))
 
 
 def compare(sources: list[str], warmup: int | None = None) -> Comparison:

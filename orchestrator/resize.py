@@ -349,23 +349,38 @@ def source_wandb(run) -> dict:
     return {"group": w.group or run.spec.name, "project": w.project, "run_id": run_id or None}
 
 
-def describe(run_dir: str | Path) -> str | None:
-    """One line for `orch status`: the run dir is a resized continuation of another (None when it is not)."""
+def read_resume(run_dir: str | Path) -> dict | None:
+    """RUN_DIR/resume.json (None when the run dir is not a resized one); ValueError when it is unreadable."""
     import json  # noqa: PLC0415
 
     path = Path(run_dir) / RESUME_FILE
     if not path.is_file():
         return None
     try:
-        r = json.loads(path.read_text())
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(str(e)) from None
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data
+
+
+def describe(run_dir: str | Path) -> str | None:
+    """One line for `orch status`: the run dir is a resized continuation of another (None when it is not)."""
+    path = Path(run_dir) / RESUME_FILE
+    try:
+        r = read_resume(run_dir)
+        if r is None:
+            return None
         conv = r["conversion"]
         return (f"resized continuation of {r['source_run_dir']} from step {r['source_step']}: "
                 f"{_tag(r['old_layout'])} -> {_tag(r['new_layout'])}, checkpoint {conv['method']}"
                 + (f" ({', '.join(conv['changes'])})" if conv["changes"] else ""))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return f"resized continuation (but {path} is unreadable)"
 
 
 def _tag(layout: dict) -> str:
-    return (f"{layout.get('num_nodes')}x{layout.get('gpus_per_node')} tp{layout.get('tp')}-pp{layout.get('pp')}-"
-            f"dp{layout.get('dp')}-z{layout.get('zero_stage')}")
+    from .telemetry.wandb_sink import layout_tag_of  # noqa: PLC0415  (light: no wandb)
+
+    return layout_tag_of(layout)

@@ -52,7 +52,9 @@ def command(sources, as_json: bool, plot_path: str | None, warmup: int | None, w
 
 def render_comparison(result, *, width: int, wide: bool = False, style: bool = False) -> str:
     """Everything for people: the diff, the measured table, predicted vs measured per run, the winner."""
-    blocks = [diff_table(result, width, wide, style), measured_table(result, width, wide, style)]
+    blocks = [diff_table(result, width, wide, style)] + [resize_table(link, width, wide, style)
+                                                         for link in result.resizes]
+    blocks.append(measured_table(result, width, wide, style))
     blocks += [prediction_table(run, width, wide, style) for run in result.runs]
     blocks.append(wrap_text(warmup_line(result), width))
     blocks.append(bold(wrap_text(f"winner: {result.winner['explanation'] or result.winner['label']}", width), style))
@@ -77,6 +79,24 @@ def diff_table(result, width: int, wide: bool, style: bool) -> str:
 
 def _value(value) -> str:
     return json.dumps(value) if isinstance(value, (bool, list, dict)) or value is None else str(value)
+
+
+RESIZE_COLUMNS = (Column("layout", "left", keep=True, wrap=True), Column("run", "left", priority=3, wrap=True),
+                  Column("predicted step s", keep=True), Column("measured step s", keep=True),
+                  Column("predicted tokens/s", priority=1), Column("measured tokens/s", priority=2))
+
+
+def resize_table(link: dict, width: int, wide: bool, style: bool) -> str:
+    """A resized run beside its source: both layouts with the plan's predicted figures and the measured ones."""
+    rows = []
+    for side, run in (("old", link["source"] or link["source_run_dir"]), ("new", link["run"])):
+        pred, meas = link["predicted"][side], link["measured"][side] or {}
+        rows.append([f"{side}: {link['layouts'][side]}", run, _fmt(pred.get("step_time_s"), "{:.4g}"),
+                     _fmt(meas.get("step_time_s"), "{:.4g}"), _fmt(pred.get("tokens_per_s"), "{:,.0f}"),
+                     _fmt(meas.get("tokens_per_s"), "{:,.0f}")])
+    title = (f"resize: {link['run']} continues {link['source'] or link['source_run_dir']} from step "
+             f"{link['source_step']} (checkpoint {link['conversion']})")
+    return table_with_note(RESIZE_COLUMNS, rows, title, width, wide, style)
 
 
 MEASURED_COLUMNS = (Column("run", "left", keep=True, wrap=True), Column("step s", keep=True),

@@ -15,17 +15,23 @@ def command(run_dir, as_json) -> None:
 
     Exit 0 when the state is known and not a failure; 1 when the job FAILED (also NODE_FAIL, OUT_OF_MEMORY,
     TIMEOUT, and a job killed from outside orch); 2 when nothing was launched from RUN_DIR (no job.json: not a
-    run dir, or never launched), or when job.json, straggler.json or .orch.lock is not what orch writes.
+    run dir, or never launched; a resized run dir still prints its resize line), or when job.json,
+    straggler.json or .orch.lock is not what orch writes.
     """
     from ..launch import backend_module
-    from ..launch.base import CommandRunner, JobRecord, JobState
+    from ..launch.base import CommandRunner, JobRecord, JobState, NotLaunched
     from ..resize import describe
     from ..telemetry.straggler import read_straggler
 
-    record = JobRecord.load(run_dir)
+    resized = describe(run_dir)
+    try:
+        record = JobRecord.load(run_dir)
+    except NotLaunched:
+        if resized and not as_json:     # what the run dir will do when launched; still exit 2, as for any run dir
+            click.echo(resized)
+        raise
     state = backend_module(record.backend).status(record, CommandRunner())
     straggler = read_straggler(run_dir)
-    resized = describe(run_dir)
     if as_json:
         click.echo(json.dumps({"backend": record.backend, "job_id": record.job_id, "state": state.value,
                                "straggler": straggler, "resized": resized}))

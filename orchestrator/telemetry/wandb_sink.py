@@ -8,6 +8,8 @@
   the precision and the engine; config = the resolved spec and the plan's chosen record; the plan's
   predictions as ``predicted/<metric>`` in config and summary. ``step`` is the x-axis of every metric.
 - The run id is kept in ``wandb_run_id`` in the run dir, so a resumed job continues the same W&B run.
+- A resized run (resume.json) is a new W&B run in its source's group (whatever its own spec's group) that names
+  its parent: ``resumed_from`` in config and summary (source run dir, W&B run id, step, both layouts).
 - Secrets: nothing from the environment is put in the config; the API key is never logged or written
   by orch (wandb reads it itself, and only in online mode).
 """
@@ -27,6 +29,7 @@ from .record import MetricsRecord
 from .sinks import record_dict
 
 RUN_ID_FILE = "wandb_run_id"
+RESUME_FILE = "resume.json"      # orchestrator.resize.RESUME_FILE (written by orch resize / generate --resume-from)
 DEFAULT_HOST = "api.wandb.ai"
 
 
@@ -111,6 +114,30 @@ def run_tags(spec_tags: list, layout_tag: str, precision: str, engine: str) -> l
     return tags
 
 
+def resumed_from(run_dir: Path) -> dict | None:
+    """A resized run's parent, from its resume.json (None for any other run, or when the file is unreadable)."""
+    import json  # noqa: PLC0415
+
+    data = read_regular_no_follow(Path(run_dir) / RESUME_FILE, 1 << 20)
+    try:
+        r = json.loads(data) if data else None
+        if not isinstance(r, dict):
+            return None
+        wandb = r.get("source_wandb") or {}
+        return {"run_dir": r["source_run_dir"], "step": r["source_step"], "wandb_run_id": wandb.get("run_id"),
+                "wandb_group": wandb.get("group"), "checkpoint": r.get("source_checkpoint"),
+                "conversion": (r.get("conversion") or {}).get("method"),
+                "old_layout": layout_tag_of(r.get("old_layout") or {}), "new_layout": layout_tag_of(r.get("new_layout") or {})}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def layout_tag_of(layout: dict) -> str:
+    """A resume.json layout record as `orch status` shows it: 2x4 tp2-pp2-dp2-z1."""
+    return (f"{layout.get('num_nodes')}x{layout.get('gpus_per_node')} tp{layout.get('tp')}-pp{layout.get('pp')}-"
+            f"dp{layout.get('dp')}-z{layout.get('zero_stage')}")
+
+
 class WandbSink:
     """Logs each record to one W&B run. Construct on rank 0 only."""
 
@@ -122,17 +149,23 @@ class WandbSink:
         run_id = _run_id(run_dir)
         predicted = predicted_values(chosen)
         config = {"spec": spec_data, "plan": chosen, "layout": layout_tag, "engine": engine, **predicted}
+        parent = resumed_from(run_dir)
+        group = (parent or {}).get("wandb_group") or wandb_spec.group or spec_data["name"]
+        tags = run_tags(wandb_spec.tags, layout_tag, precision, engine) + (["resized"] if parent else [])
+        if parent:
+            config["resumed_from"] = parent
         settings = wandb.Settings(console="off", x_disable_stats=True, save_code=False, disable_git=True,
                                   silent=True)
         self.run = wandb.init(project=wandb_spec.project, entity=wandb_spec.entity, name=spec_data["name"],
-                              group=wandb_spec.group or spec_data["name"],
-                              tags=run_tags(wandb_spec.tags, layout_tag, precision, engine),
+                              group=group, tags=tags,
                               config=config, dir=str(run_dir), mode=mode, id=run_id, resume="allow",
                               settings=settings)
         self.run.define_metric("step")
         self.run.define_metric("*", step_metric="step")
         for key, value in predicted.items():
             self.run.summary[key] = value
+        if parent:
+            self.run.summary["resumed_from"] = parent
 
     @property
     def directory(self) -> str:

@@ -138,7 +138,7 @@ def test_cli_says_the_models_differ_and_names_no_winner(tmp_path, capsys):
 
 def test_json_shape(two_runs):
     data = cmp.compare([str(p) for p in two_runs]).to_dict()
-    assert set(data) == {"warmup", "runs", "diff", "winner"}
+    assert set(data) == {"warmup", "runs", "diff", "winner", "resizes"} and data["resizes"] == []
     run = data["runs"][0]
     assert set(run) == {"label", "source", "kind", "spec_name", "tag", "layout", "cluster", "steps", "measured",
                         "predicted", "error_pct", "breakdown", "series"}
