@@ -14,6 +14,7 @@ from orchestrator.programs import load_program, substitute_run_dir
 from orchestrator.render.megatron import render_megatron_args
 from orchestrator.resize_megatron import TRACKER, can_follow, checkpoint_format, start_argv
 from tests.conftest import fixed_plan, spec_data
+from tests.unit.test_programs import checkout  # noqa: F401  (a stand-in Megatron-LM checkout)
 
 SOURCE_STEP = 20
 
@@ -22,14 +23,6 @@ def orch(*args: str) -> int:
     with pytest.raises(SystemExit) as exit_info:
         main(list(args))
     return exit_info.value.code
-
-
-@pytest.fixture
-def checkout(tmp_path):
-    root = tmp_path / "Megatron-LM"
-    root.mkdir()
-    (root / "pretrain_gpt.py").write_text("# Megatron-LM's entry\n")
-    return root
 
 
 def lm_spec(root, **changes) -> dict:
