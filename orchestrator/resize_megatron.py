@@ -117,7 +117,12 @@ def source_format(run, ckpt: Path, step: int) -> dict:
     """How the source saved the checkpoint of ``step``: its recorded argv's format, checked against the disk."""
     from .programs import load_program  # noqa: PLC0415  (light: json)
 
-    argv = load_program(run.path)["argv"]
+    try:
+        argv = list(load_program(run.path)["argv"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SpecError(Problem(f"{run.path}/program.json", f"cannot be read ({e.__class__.__name__}): orch reads "
+                                "how the source saved its checkpoints from it", "the source run dir must be one "
+                                "`orch generate` wrote for a megatron-lm program")) from None
     record = checkpoint_format(argv)
     on_disk = format_on_disk(ckpt / step_dir_name(step))
     expected = {"torch_dist": "torch_dist", "torch": "torch"}.get(record["ckpt_format"], "dcp")

@@ -218,6 +218,12 @@ def test_a_legacy_torch_checkpoint_on_disk_is_refused_whatever_the_argv_says(tmp
     assert "the source saved Megatron-LM's --ckpt-format torch" in capsys.readouterr().err
 
 
+def test_a_source_without_its_program_json_is_refused_by_name(source, tmp_path, capsys):
+    (source / "program.json").unlink()
+    assert orch("resize", str(source), "--nodes", "4", "-o", str(tmp_path / "new")) == 2
+    assert "program.json: cannot be read (FileNotFoundError)" in capsys.readouterr().err
+
+
 def test_a_run_without_a_megatron_checkpoint_cannot_be_resized(tmp_path, checkout, capsys):
     run = generate(tmp_path, lm_spec(checkout), "empty")
     assert orch("resize", str(run), "--nodes", "4", "-o", str(tmp_path / "new")) == 2
