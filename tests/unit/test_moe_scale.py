@@ -1,0 +1,46 @@
+"""MoE with expert parallelism at scale: which passes the EP all-to-all overlap pairs (Megatron-Core's combined
+1F1B schedule), the exposed all-to-all with and without it."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.estimate.moe import EP_A2A_OVERLAP, exposed_all_to_all_s, unpaired_share
+from tests.conftest import ROOT
+from tests.published_layouts import load_layout_cases, predicted_layout
+
+CASES = {c["id"]: c for c in load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")}
+
+
+def test_without_pipelining_only_the_first_forward_and_the_last_backward_run_alone():
+    """combined_1f1b_schedule_for_no_pipelining: micro-batch 1's forward alone, then m - 1 pairs, then the last
+    backward alone: 1 of m passes each way unpaired."""
+    assert unpaired_share(1, 1, 64) == pytest.approx(1 / 64)
+    assert unpaired_share(1, 1, 1) == 1.0
+
+
+def test_interleaved_warm_up_passes_run_alone():
+    """get_pp_rank_microbatches on pipeline rank 0: (pp - 1) x 2 + (vpp - 1) x pp warm-up chunk passes, one
+    more with the overlap, of m x vpp (Qwen3-235B as NVIDIA ran it: pp 8, vp 4, 512 micro-batches); all of
+    them when the warm-up covers the step."""
+    assert unpaired_share(8, 4, 512) == pytest.approx((7 * 2 + 3 * 8 + 1) / (512 * 4))
+    assert unpaired_share(8, 4, 2) == 1.0
+    assert unpaired_share(16, 2, 64) > unpaired_share(8, 2, 64)
+
+
+def test_exposed_all_to_all_blends_paired_and_unpaired_passes():
+    ep, compute = 8e-3, 4e-3
+    paired = max(ep - EP_A2A_OVERLAP * compute, (1 - EP_A2A_OVERLAP) * ep)
+    assert exposed_all_to_all_s(ep, compute, False, 0.3) == ep
+    assert exposed_all_to_all_s(ep, compute, True) == pytest.approx(paired)
+    assert exposed_all_to_all_s(ep, compute, True, 0.25) == pytest.approx(0.25 * ep + 0.75 * paired)
+    assert exposed_all_to_all_s(ep, compute, True, 1.0) == pytest.approx(ep)
+
+
+def test_a_short_step_hides_less_of_its_all_to_all():
+    """Qwen3-235B-A22B as NVIDIA ran it (pp 8, vp 4, ep 32, overlap on): at a global batch of 128 instead of
+    8192 (8 micro-batches per rank) the warm-up's unpaired passes are a third of the step's, so a larger share
+    of the all-to-all stays exposed."""
+    case = CASES["mbridge2602_qwen3_235b_a22b_fp8"]
+    full = predicted_layout(case)["comm"]
+    short = predicted_layout({**case, "gbs": 128})["comm"]
+    assert short["ep_exposed_s"] / short["ep_s"] > full["ep_exposed_s"] / full["ep_s"] + 0.05
