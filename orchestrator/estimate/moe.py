@@ -70,6 +70,13 @@ DISPATCH_HOST_OPS = 12
 # (forward) and output gradient (backward) is cast per expert first (TE GroupedLinear; TE issue #761: an FP8
 # linear costs the host over twice a BF16 one).
 EXPERT_HOST_OPS = {False: (2, 4), True: (4, 8)}   # fp8 -> (forward, backward) per local expert
+# Each local expert's weights are parameters of their own (TE GroupedLinear weight0 .. weight{E/ep - 1}, fc1 and
+# fc2; with biases bias0 ..), and Megatron-Core's DistributedDataParallel hooks every parameter's gradient
+# accumulator (core_v0.16.1 distributed/distributed_data_parallel.py: grad_acc.register_hook(
+# _make_backward_post_hook(param))); the hook runs in Python on every micro-batch's backward (main_grad add or
+# skip, param.grad = None, and with overlap_grad_reduce register_grad_ready): one host operator per expert
+# parameter, backward.
+EXPERT_GRAD_HOOKS = 2        # fc1 and fc2 weights; biases add as many (moe_block_host_s)
 # Per-tensor current scaling (Megatron --fp8-recipe tensorwise, the "FP8-CS" of NVIDIA's tables) adds two host
 # launches to each per-expert cast: Transformer Engine 2.9 (the release Megatron-Bridge 25.11 pins: uv.lock
 # transformer-engine 2.9.0+70f53666) casts a GroupedLinear's inputs with tex.split_quantize, fused over all experts
@@ -254,6 +261,7 @@ def moe_block_host_s(shape: ModelShape, ep: int, fp8: bool, recipe: str = FP8_RE
     """Host launch time of the MoE block alone (router, dispatch, local experts), forward and backward."""
     local = shape.moe.num_experts // ep
     per_f, per_b = expert_host_ops(fp8, recipe)
+    per_b += EXPERT_GRAD_HOOKS * (2 if shape.bias else 1)
     if shape.bias:     # TEGroupedMLP's per-expert bias loop: one host operator per kernel (eager_ops.py)
         per_f, per_b = per_f + EXPERT_BIAS_KERNELS[0], per_b + EXPERT_BIAS_KERNELS[1]
     fwd = ROUTER_KERNELS + DISPATCH_HOST_OPS + per_f * local

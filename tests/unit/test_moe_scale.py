@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.estimate.moe import EP_A2A_OVERLAP, exposed_all_to_all_s, unpaired_share
+from orchestrator.estimate.moe import (EP_A2A_OVERLAP, EXPERT_GRAD_HOOKS, EXPERT_HOST_OPS, HOST_OP_S,
+                                       exposed_all_to_all_s, moe_block_host_s, unpaired_share)
+from orchestrator.estimate.params import model_shape
+from orchestrator.spec_loader import parse_spec
 from tests.conftest import ROOT
 from tests.published_layouts import load_layout_cases, predicted_layout
 
@@ -44,3 +47,22 @@ def test_a_short_step_hides_less_of_its_all_to_all():
     full = predicted_layout(case)["comm"]
     short = predicted_layout({**case, "gbs": 128})["comm"]
     assert short["ep_exposed_s"] / short["ep_s"] > full["ep_exposed_s"] / full["ep_s"] + 0.05
+
+
+def _qwen3_30b():
+    return model_shape(parse_spec({"name": "t", "model": {"preset": "qwen3-30b-a3b"},
+                                   "cluster": {"gpu": "h100-sxm", "num_nodes": 2, "gpus_per_node": 8},
+                                   "training": {"global_batch_size": 64, "precision": "bf16",
+                                                "engine": "megatron"}}))
+
+
+def test_every_local_expert_weight_runs_its_gradient_hook_in_the_backward():
+    """Megatron-Core's DDP hooks each parameter's gradient accumulator, and TE's GroupedLinear keeps one weight
+    per expert (fc1, fc2): the backward's host time grows by two hooks per local expert, the forward not at
+    all (Qwen3-30B-A3B: 16 local experts at ep 8, 8 at ep 16)."""
+    shape = _qwen3_30b()
+    (f8, b8), (f16, b16) = moe_block_host_s(shape, 8, False), moe_block_host_s(shape, 16, False)
+    per_f, per_b = EXPERT_HOST_OPS[False]
+    assert EXPERT_GRAD_HOOKS == 2
+    assert f8 - f16 == pytest.approx(8 * per_f * HOST_OP_S)
+    assert b8 - b16 == pytest.approx(8 * (per_b + EXPERT_GRAD_HOOKS) * HOST_OP_S)
