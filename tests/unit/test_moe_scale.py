@@ -66,3 +66,36 @@ def test_every_local_expert_weight_runs_its_gradient_hook_in_the_backward():
     assert EXPERT_GRAD_HOOKS == 2
     assert f8 - f16 == pytest.approx(8 * per_f * HOST_OP_S)
     assert b8 - b16 == pytest.approx(8 * (per_b + EXPERT_GRAD_HOOKS) * HOST_OP_S)
+
+
+def _moe_plan(**parallelism):
+    from tests.conftest import fixed_plan
+
+    par = {"tensor": 2, "pipeline": 1, "virtual_pipeline": 1, "context": 1, "expert": 8, "expert_tensor": 1,
+           "zero_stage": 1, "micro_batch_size": 1, "sequence_parallel": True, "recompute": "none",
+           "offload": "none"} | parallelism
+    return fixed_plan({"name": "moe-env", "model": {"preset": "qwen3-30b-a3b"},
+                       "cluster": {"gpu": "h100-sxm", "num_nodes": 2, "gpus_per_node": 8},
+                       "training": {"global_batch_size": 64, "precision": "bf16", "engine": "megatron"},
+                       "parallelism": par})
+
+
+def test_the_ep_overlap_runs_with_more_than_one_device_connection():
+    """With tp > 1 on Hopper Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 unless the EP overlap is on, when it
+    only warns: one connection puts the overlap's comm and compute streams in one hardware queue, so orch exports
+    Megatron-Bridge's H100 value (8) exactly when it emits the overlap, and the validator expects the same."""
+    from orchestrator.render.megatron import megatron_env, render_megatron_args
+    from orchestrator.validate.megatron import expected_launch_env
+    from orchestrator.validate.megatron_args import parse_tokens, tokens_from_text
+
+    def env_and_args(plan):
+        text = "\n".join(render_megatron_args(plan))
+        args, problems = parse_tokens(tokens_from_text(text), "megatron_args.txt")
+        assert not problems
+        return megatron_env(plan), expected_launch_env(args), "--overlap-moe-expert-parallel-comm" in text
+
+    assert env_and_args(_moe_plan()) == ({"CUDA_DEVICE_MAX_CONNECTIONS": "8"},
+                                         {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}, True)
+    # pp 2 without interleaving: no overlap (Megatron requires virtual stages), so one connection
+    assert env_and_args(_moe_plan(pipeline=2)) == ({"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+                                                   {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, False)
