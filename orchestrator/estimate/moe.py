@@ -29,9 +29,25 @@ DROPLESS_IMBALANCE = 1.1
 ROUTER_KERNELS = 6
 # With --overlap-moe-expert-parallel-comm (Megatron-Core MoE docs, "EP A2A overlap"; orch emits it when
 # Megatron allows it: ep > 1, no full recompute, interleaving when pp > 1) the dispatch / combine of one
-# micro-batch runs while another micro-batch's layer computes. As with the TP overlap, the SMs the
-# communication kernels take and the first transfer stay exposed: we take a quarter (our estimate).
-EP_A2A_OVERLAP = 0.75        # router GEMM, softmax, top-k, aux-loss, permute, unpermute (forward)
+# micro-batch runs while another micro-batch's layer computes (Megatron-Core core_v0.16.1
+# models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan.run: comm stream combine_bwd |
+# dispatch_fwd -> dispatch_bwd | combine_fwd against comp stream attn_fwd | mlp_bwd -> mlp_fwd | attn_bwd). As
+# with the TP overlap, the SMs the communication kernels take and the first transfer stay exposed: we take a
+# quarter (our estimate). The ideal two-stream makespan of that order would hide more: on Megatron-Bridge's
+# measured A/B (Qwen3-30B-A3B, ep 16 over two nodes, BF16) it hides ~3/4 of the all-to-all where the run hid
+# under half (docs/cost-model.md, "EP all-to-all overlap"), so the estimate stays. Passes the schedule cannot
+# pair (warm-up forwards, cool-down backwards) expose all of theirs: unpaired_share.
+EP_A2A_OVERLAP = 0.75
+ROUTER_KERNELS = 6
+# With --overlap-moe-expert-parallel-comm (Megatron-Core MoE docs, "EP A2A overlap"; orch emits it when
+# Megatron allows it: ep > 1, no full recompute, interleaving when pp > 1) the dispatch / combine of one
+# micro-batch runs while another micro-batch's layer computes, in the order Megatron-Core's
+# TransformerLayerSchedulePlan.run issues them (core_v0.16.1 models/common/model_chunk_schedule_plan.py):
+#     comm stream: combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd
+#     comp stream: attn_fwd    | mlp_bwd (-> mlp_bwd_dw) -> mlp_fwd | attn_bwd
+# (combined_1f1b_layer_s). The SMs the hidden all-to-all takes are charged as for every hidden collective
+# (step.py's contention term).
+ROUTER_KERNELS = 6           # router GEMM, softmax, top-k, aux-loss, permute, unpermute (forward)
 # Host time to launch one operator from eager PyTorch (Python, the ATen dispatcher, autograd bookkeeping,
 # cudaLaunchKernel): we take 10 us (not fitted), within the published measurements: torch.nn.Linear's forward
 # (one cuBLAS GEMM) costs the host 13.5 us on a DGX H100 (Xeon 8480C; TransformerEngine issue #2053, BF16,
@@ -54,6 +70,13 @@ DISPATCH_HOST_OPS = 12
 # (forward) and output gradient (backward) is cast per expert first (TE GroupedLinear; TE issue #761: an FP8
 # linear costs the host over twice a BF16 one).
 EXPERT_HOST_OPS = {False: (2, 4), True: (4, 8)}   # fp8 -> (forward, backward) per local expert
+# Each local expert's weights are parameters of their own (TE GroupedLinear weight0 .. weight{E/ep - 1}, fc1 and
+# fc2; with biases bias0 ..), and Megatron-Core's DistributedDataParallel hooks every parameter's gradient
+# accumulator (core_v0.16.1 distributed/distributed_data_parallel.py: grad_acc.register_hook(
+# _make_backward_post_hook(param))); the hook runs in Python on every micro-batch's backward (main_grad add or
+# skip, param.grad = None, and with overlap_grad_reduce register_grad_ready): one host operator per expert
+# parameter, backward.
+EXPERT_GRAD_HOOKS = 2        # fc1 and fc2 weights; biases add as many (moe_block_host_s)
 # Per-tensor current scaling (Megatron --fp8-recipe tensorwise, the "FP8-CS" of NVIDIA's tables) adds two host
 # launches to each per-expert cast: Transformer Engine 2.9 (the release Megatron-Bridge 25.11 pins: uv.lock
 # transformer-engine 2.9.0+70f53666) casts a GroupedLinear's inputs with tex.split_quantize, fused over all experts
@@ -238,6 +261,7 @@ def moe_block_host_s(shape: ModelShape, ep: int, fp8: bool, recipe: str = FP8_RE
     """Host launch time of the MoE block alone (router, dispatch, local experts), forward and backward."""
     local = shape.moe.num_experts // ep
     per_f, per_b = expert_host_ops(fp8, recipe)
+    per_b += EXPERT_GRAD_HOOKS * (2 if shape.bias else 1)
     if shape.bias:     # TEGroupedMLP's per-expert bias loop: one host operator per kernel (eager_ops.py)
         per_f, per_b = per_f + EXPERT_BIAS_KERNELS[0], per_b + EXPERT_BIAS_KERNELS[1]
     fwd = ROUTER_KERNELS + DISPATCH_HOST_OPS + per_f * local
@@ -294,12 +318,29 @@ def uses_ep_a2a_overlap(is_moe: bool, engine: str, gpu: str, ep: int, pp: int, v
             and (pp == 1 or vpp > 1))
 
 
-def exposed_all_to_all_s(ep_s: float, layer_compute_s: float, overlapped: bool) -> float:
-    """What the all-to-all of a layer adds to it: all of it, or with the overlap what the other
-    micro-batch's compute cannot cover (at least 1 - EP_A2A_OVERLAP of it)."""
+def exposed_all_to_all_s(ep_s: float, layer_compute_s: float, overlapped: bool, unpaired: float = 0.0) -> float:
+    """What the all-to-all of a layer adds to it per micro-batch: all of it, or with the overlap what the other
+    micro-batch's compute cannot cover (at least 1 - EP_A2A_OVERLAP of it) for the passes the combined 1F1B
+    schedule pairs, and all of it for the ``unpaired`` share it runs alone (:func:`unpaired_share`)."""
     if not overlapped:
         return ep_s
-    return max(ep_s - EP_A2A_OVERLAP * layer_compute_s, (1 - EP_A2A_OVERLAP) * ep_s)
+    paired = max(ep_s - EP_A2A_OVERLAP * layer_compute_s, (1 - EP_A2A_OVERLAP) * ep_s)
+    return unpaired * ep_s + (1 - unpaired) * paired
+
+
+def unpaired_share(pp: int, vpp: int, num_microbatches: int) -> float:
+    """Share of a rank's layer passes the EP overlap cannot pair (its busiest rank, pipeline rank 0). pp = 1:
+    the first micro-batch's forward and the last one's backward run alone (combined_1f1b.py
+    combined_1f1b_schedule_for_no_pipelining), 1 of m; interleaved: the warm-up forwards, (pp - 1) x 2 +
+    (vpp - 1) x pp + 1 model-chunk passes (schedules.py get_pp_rank_microbatches, the group size
+    microbatch_group_size_per_vp_stage defaulting to pp, one extra with the overlap), and as many cool-down
+    backwards, of m x vpp."""
+    if num_microbatches <= 0:
+        return 1.0
+    if pp <= 1:
+        return 1.0 / num_microbatches
+    warmup = (pp - 1) * 2 + (vpp - 1) * pp + 1
+    return min(1.0, warmup / (num_microbatches * vpp))
 
 
 def expert_group_placement(ep: int, etp: int, gpus_per_node: int) -> Placement:

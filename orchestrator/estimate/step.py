@@ -41,7 +41,7 @@ from .ds_runtime import (ds_backward_gather_passes, ds_partitioned_transfers_s, 
                          zero12_copies_s)
 from .hardware import Hardware
 from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
-from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
+from .moe import expert_work, exposed_all_to_all_s, unpaired_share, uses_ep_a2a_overlap
 from .recompute import module_savings
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
@@ -374,7 +374,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     emb = slow * embedding_time_s(rshape, hw, tp, mb)
     overlap = ctx.ep_a2a_overlap and uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp,
                                                          lay.recompute)
-    ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap)
+    ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap, unpaired_share(pp, vpp, m))
     bf16_opt = uses_bf16_optimizer(ctx, lay)
     hp_layer, hp_emb, hp_head = hp_grad_copies_s(ctx, lay, params) if bf16_opt else (0.0, 0.0, 0.0)
     times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s + hp_layer,

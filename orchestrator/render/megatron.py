@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from ..catalog.gpus import GPUS
 from ..plan import Plan
-from .megatron_moe import context_args, context_fp8_config, fp8_args, kv_channels_args, moe_args, moe_config
+from .megatron_moe import (context_args, context_fp8_config, ep_overlap, fp8_args, kv_channels_args, moe_args,
+                           moe_config)
 
 MEGATRON_LM_TAG = "core_v0.16.1"
 SPLIT = "949,50,1"           # train/valid/test weights for --data-path (Megatron's classic example value)
@@ -219,14 +220,20 @@ def _runtime_args(plan: Plan) -> list[str]:
     return args
 
 
+EP_OVERLAP_CONNECTIONS = "8"
+
+
 def megatron_env(plan: Plan) -> dict[str, str]:
     """Environment Megatron-LM needs for this plan (values unquoted).
 
     Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with tp > 1 or cp > 1 (before Blackwell), and asserts that it
-    is NOT 1 with Megatron FSDP (ZeRO-2/3 here), which then only warns about tp > 1.
+    is NOT 1 with Megatron FSDP (ZeRO-2/3 here), which then only warns about tp > 1. With the EP all-to-all overlap
+    it only warns too: one connection would put its comm and compute streams in one hardware queue, so the
+    overlap runs with 8, Megatron-Bridge's H100 value for the alltoall dispatcher (scripts/performance/utils/
+    overrides.py: 1 only with tp or cp > 1 and no moe_a2a_overlap).
     """
     if (plan.layout.tp > 1 or plan.layout.cp > 1) and not uses_megatron_fsdp(plan):
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": EP_OVERLAP_CONNECTIONS if ep_overlap(plan) else "1"}
     return {}
 
 

@@ -436,7 +436,7 @@ def expected_launch_env(args: MegatronArgs) -> dict[str, str]:
     fsdp = args.get("use_megatron_fsdp") or args.get("use_torch_fsdp2")
     model_parallel = max(args.get("tensor_model_parallel_size") or 1, args.get("context_parallel_size") or 1)
     if model_parallel > 1 and not fsdp:
-        return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "8" if args.get("overlap_moe_expert_parallel_comm") else "1"}
     return {}
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.estimate.compute import estimate_layer_time
 from orchestrator.estimate.eager_ops import expert_bias_work, glu_clamp_work
-from orchestrator.estimate.moe import HOST_OP_S, expert_work, moe_block_host_s, moe_mlp_times
+from orchestrator.estimate.moe import EXPERT_GRAD_HOOKS, HOST_OP_S, expert_work, moe_block_host_s, moe_mlp_times
 from orchestrator.estimate.step import EstimateContext
 from tests.published_layouts import (layout_case_shape_fields, layout_case_spec, load_layout_cases,
                                             predicted_layout)
@@ -59,7 +59,7 @@ def test_clamped_activation_adds_clamps_and_cat_over_the_fc1_output():
 
 def test_biased_experts_pay_the_per_expert_bias_loop_and_its_launches():
     """TEGroupedMLP._apply_bias: 6 e / 8 e per element of the fc2 output, 2 / 4 kernels and host ops per local
-    expert (16 at ep 8 of 128 experts)."""
+    expert (16 at ep 8 of 128 experts), and the biases' gradient hooks."""
     shape, hw = _plain()
     biased = dataclasses.replace(shape, bias=True)
     work = expert_work(shape, 1, 1, EP, 1, MB)
@@ -70,7 +70,8 @@ def test_biased_experts_pay_the_per_expert_bias_loop_and_its_launches():
     assert mine.forward_s - base.forward_s == pytest.approx(6 * e * fc2 / hw.hbm_Bps + 33 * gap)
     assert mine.backward_s - base.backward_s == pytest.approx(8 * e * fc2 / hw.hbm_Bps + 65 * gap)
     (bf, bb), (f, b) = moe_block_host_s(shape, EP, False), moe_block_host_s(biased, EP, False)
-    assert (f - bf, b - bb) == pytest.approx((2 * 16 * HOST_OP_S, 4 * 16 * HOST_OP_S))
+    # and each expert's fc1 / fc2 bias has its DDP gradient hook, as its weights do (moe.py EXPERT_GRAD_HOOKS)
+    assert (f - bf, b - bb) == pytest.approx((2 * 16 * HOST_OP_S, (4 + EXPERT_GRAD_HOOKS) * 16 * HOST_OP_S))
     assert expert_bias_work(fc2, 16, e).forward_kernels == 33
 
 

@@ -1,0 +1,101 @@
+"""MoE with expert parallelism at scale: which passes the EP all-to-all overlap pairs (Megatron-Core's combined
+1F1B schedule), the exposed all-to-all with and without it."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.estimate.moe import (EP_A2A_OVERLAP, EXPERT_GRAD_HOOKS, EXPERT_HOST_OPS, HOST_OP_S,
+                                       exposed_all_to_all_s, moe_block_host_s, unpaired_share)
+from orchestrator.estimate.params import model_shape
+from orchestrator.spec_loader import parse_spec
+from tests.conftest import ROOT
+from tests.published_layouts import load_layout_cases, predicted_layout
+
+CASES = {c["id"]: c for c in load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")}
+
+
+def test_without_pipelining_only_the_first_forward_and_the_last_backward_run_alone():
+    """combined_1f1b_schedule_for_no_pipelining: micro-batch 1's forward alone, then m - 1 pairs, then the last
+    backward alone: 1 of m passes each way unpaired."""
+    assert unpaired_share(1, 1, 64) == pytest.approx(1 / 64)
+    assert unpaired_share(1, 1, 1) == 1.0
+
+
+def test_interleaved_warm_up_passes_run_alone():
+    """get_pp_rank_microbatches on pipeline rank 0: (pp - 1) x 2 + (vpp - 1) x pp warm-up chunk passes, one
+    more with the overlap, of m x vpp (Qwen3-235B as NVIDIA ran it: pp 8, vp 4, 512 micro-batches); all of
+    them when the warm-up covers the step."""
+    assert unpaired_share(8, 4, 512) == pytest.approx((7 * 2 + 3 * 8 + 1) / (512 * 4))
+    assert unpaired_share(8, 4, 2) == 1.0
+    assert unpaired_share(16, 2, 64) > unpaired_share(8, 2, 64)
+
+
+def test_exposed_all_to_all_blends_paired_and_unpaired_passes():
+    ep, compute = 8e-3, 4e-3
+    paired = max(ep - EP_A2A_OVERLAP * compute, (1 - EP_A2A_OVERLAP) * ep)
+    assert exposed_all_to_all_s(ep, compute, False, 0.3) == ep
+    assert exposed_all_to_all_s(ep, compute, True) == pytest.approx(paired)
+    assert exposed_all_to_all_s(ep, compute, True, 0.25) == pytest.approx(0.25 * ep + 0.75 * paired)
+    assert exposed_all_to_all_s(ep, compute, True, 1.0) == pytest.approx(ep)
+
+
+def test_a_short_step_hides_less_of_its_all_to_all():
+    """Qwen3-235B-A22B as NVIDIA ran it (pp 8, vp 4, ep 32, overlap on): at a global batch of 128 instead of
+    8192 (8 micro-batches per rank) the warm-up's unpaired passes are a third of the step's, so a larger share
+    of the all-to-all stays exposed."""
+    case = CASES["mbridge2602_qwen3_235b_a22b_fp8"]
+    full = predicted_layout(case)["comm"]
+    short = predicted_layout({**case, "gbs": 128})["comm"]
+    assert short["ep_exposed_s"] / short["ep_s"] > full["ep_exposed_s"] / full["ep_s"] + 0.05
+
+
+def _qwen3_30b():
+    return model_shape(parse_spec({"name": "t", "model": {"preset": "qwen3-30b-a3b"},
+                                   "cluster": {"gpu": "h100-sxm", "num_nodes": 2, "gpus_per_node": 8},
+                                   "training": {"global_batch_size": 64, "precision": "bf16",
+                                                "engine": "megatron"}}))
+
+
+def test_every_local_expert_weight_runs_its_gradient_hook_in_the_backward():
+    """Megatron-Core's DDP hooks each parameter's gradient accumulator, and TE's GroupedLinear keeps one weight
+    per expert (fc1, fc2): the backward's host time grows by two hooks per local expert, the forward not at
+    all (Qwen3-30B-A3B: 16 local experts at ep 8, 8 at ep 16)."""
+    shape = _qwen3_30b()
+    (f8, b8), (f16, b16) = moe_block_host_s(shape, 8, False), moe_block_host_s(shape, 16, False)
+    per_f, per_b = EXPERT_HOST_OPS[False]
+    assert EXPERT_GRAD_HOOKS == 2
+    assert f8 - f16 == pytest.approx(8 * per_f * HOST_OP_S)
+    assert b8 - b16 == pytest.approx(8 * (per_b + EXPERT_GRAD_HOOKS) * HOST_OP_S)
+
+
+def _moe_plan(**parallelism):
+    from tests.conftest import fixed_plan
+
+    par = {"tensor": 2, "pipeline": 1, "virtual_pipeline": 1, "context": 1, "expert": 8, "expert_tensor": 1,
+           "zero_stage": 1, "micro_batch_size": 1, "sequence_parallel": True, "recompute": "none",
+           "offload": "none"} | parallelism
+    return fixed_plan({"name": "moe-env", "model": {"preset": "qwen3-30b-a3b"},
+                       "cluster": {"gpu": "h100-sxm", "num_nodes": 2, "gpus_per_node": 8},
+                       "training": {"global_batch_size": 64, "precision": "bf16", "engine": "megatron"},
+                       "parallelism": par})
+
+
+def test_the_ep_overlap_runs_with_more_than_one_device_connection():
+    """With tp > 1 on Hopper Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 unless the EP overlap is on, when it
+    only warns: one connection puts the overlap's comm and compute streams in one hardware queue, so orch exports
+    Megatron-Bridge's H100 value (8) exactly when it emits the overlap, and the validator expects the same."""
+    from orchestrator.render.megatron import megatron_env, render_megatron_args
+    from orchestrator.validate.megatron import expected_launch_env
+    from orchestrator.validate.megatron_args import parse_tokens, tokens_from_text
+
+    def env_and_args(plan):
+        text = "\n".join(render_megatron_args(plan))
+        args, problems = parse_tokens(tokens_from_text(text), "megatron_args.txt")
+        assert not problems
+        return megatron_env(plan), expected_launch_env(args), "--overlap-moe-expert-parallel-comm" in text
+
+    assert env_and_args(_moe_plan()) == ({"CUDA_DEVICE_MAX_CONNECTIONS": "8"},
+                                         {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}, True)
+    # pp 2 without interleaving: no overlap (Megatron requires virtual stages), so one connection
+    assert env_and_args(_moe_plan(pipeline=2)) == ({"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+                                                   {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, False)
