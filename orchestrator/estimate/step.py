@@ -42,6 +42,7 @@ from .ds_runtime import (ds_backward_gather_passes, ds_partitioned_transfers_s, 
 from .hardware import Hardware
 from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, uses_ep_a2a_overlap
+from .overlap import contention_s, layer_gemms, nccl_overlap_slowdown
 from .recompute import module_savings
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
@@ -409,8 +410,13 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     ep_hidden = m * stage_layers * (rl.ep_s - ep_exposed)
     pp_fill_s = (pp - 1) / vpp * (x_fill - x_exposed) if pp > 1 else 0.0   # overlapped exchanges waited in fill/drain
     pp_hidden = max(0.0, pp_s - emb_sync - m * x_exposed - pp_fill_s)     # ... and those hidden (uses_p2p_overlap)
-    hidden_comm = (dp_comm.time_s - dp_comm.exposed_s) + tp_hidden * tp_total + ep_hidden + pp_hidden
-    contention = min(1.0, cost.comm_channels / hw.num_sms) * hidden_comm
+    # NCCL's hidden collectives slow the GEMMs they share the SMs with (estimate/overlap.py); TE's TP overlap
+    # sizes its GEMMs for the SMs its userbuffers leave (math_sm_count), the expert exchange keeps the SM share
+    nccl_hidden = (dp_comm.time_s - dp_comm.exposed_s) + pp_hidden
+    sm_share = min(1.0, cost.comm_channels / hw.num_sms)
+    contention = sm_share * (tp_hidden * tp_total + ep_hidden) + contention_s(
+        nccl_hidden, nccl_overlap_slowdown(layer_gemms(rshape, tp, tokens), _gemm_share(layer), hw,
+                                           cost.comm_channels))
     step = (pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s + contention
             + offload_host + step_host_s)
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
@@ -429,6 +435,11 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s,
                               engine_s=engine_s, contention_s=contention)
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+
+
+def _gemm_share(layer) -> float:
+    """Share of a layer's compute its GEMMs take (its forward's: the backward's mix is alike)."""
+    return min(1.0, layer.matmul_forward_s / layer.forward_s) if layer.forward_s > 0 else 0.0
 
 
 def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, tokens: int, tp_pl: Placement,
