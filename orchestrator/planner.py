@@ -65,7 +65,8 @@ class _Scored:
 def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
            engine_version: str | None = None, ep_a2a_overlap: bool = True,
            fp8_recipe: str = FP8_RECIPE, distribute_saved_activations: bool = False,
-           dropout: float = 0.0, loss: str | None = None, shape_fields: dict | None = None) -> SearchResult:
+           dropout: float = 0.0, loss: str | None = None, shape_fields: dict | None = None,
+           p2p_overlap: bool = True) -> SearchResult:
     """Rank the layouts of ``spec`` within the headroom, else (with a warning) those within the capacity;
     NoFitError when none fits the capacity. ``engine_version``: the DeepSpeed
     release a published run used (EstimateContext.engine_version); None: the one orch writes for.
@@ -74,9 +75,10 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
     True for a published run that kept its full-recompute checkpoints split over the tp ranks (orch does not
     emit the flag); ``dropout``: the dropout probability a published run trained with (orch trains without);
     ``loss``: the cross entropy a published run used (None: what orch's engine trains with); ``shape_fields``: model
-    features a published run states beyond its spec, its attention kernel among them (EstimateContext.of)."""
+    features a published run states beyond its spec, its attention kernel among them (EstimateContext.of);
+    ``p2p_overlap``: False for a published run on a Megatron-LM without overlapped pipeline exchanges."""
     ctx = EstimateContext.of(spec, cost, engine_version, ep_a2a_overlap, fp8_recipe, distribute_saved_activations,
-                             dropout, loss, shape_fields)
+                             dropout, loss, shape_fields, p2p_overlap)
     rejected: list[Problem] = []
     scored = list(_scored_layouts(ctx, enumerate_layouts(spec, rejected)))
     if not scored:

@@ -587,6 +587,13 @@ def case_shape_fields(case: dict) -> dict:
     return {key: case["published"][key] for key in keys if key in case["published"]}
 
 
+def case_p2p_overlap(case: dict) -> bool:
+    """Whether a case's Megatron overlapped its interleaved schedule's pipeline exchanges
+    (``published.p2p_overlap``; EstimateContext.p2p_overlap). Default False: every run of the references file
+    predates the option (Megatron-LM f9283c5a8a, 2023-05-31, "Add option to overlap p2p communication")."""
+    return bool(case["published"].get("p2p_overlap", False))
+
+
 def case_recompute(case: dict) -> str:
     """The recompute mode of a case ("full (assumed, eq.3 convention)" reads as "full")."""
     return str(case["published"]["recompute"]).split()[0]
@@ -619,7 +626,7 @@ def published_estimate(case: dict, cost=None):
             est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case),
                          distribute_saved_activations=bool(case["published"].get("distribute_saved_activations")),
                          dropout=case_dropout(case), loss=case_loss(case),
-                         shape_fields=case_shape_fields(case)).chosen
+                         shape_fields=case_shape_fields(case), p2p_overlap=case_p2p_overlap(case)).chosen
         except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
             last_error = e
             continue

@@ -39,6 +39,7 @@ class GpuSpec:
     # Elements per second of the tanh-GELU kernel (forward; backward alike) where it is bound by its
     # arithmetic, not by memory: on a CPU core the tanh costs more than the bytes. None: memory-bound (GPUs).
     gelu_elems_per_s: float | None = None
+    persistent_gemm: bool = False             # cuBLAS's GEMMs: persistent CTAs, static tile schedule (Hopper)
     published_mfu: tuple = ()                 # ((model params, MFU), ...) published for 16-bit training (doc)
     published_mfu_source: str = ""
 
@@ -87,18 +88,18 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             matmul_efficiency=0.869, num_sms=108, attention_efficiency=0.55, published_mfu=_A100_MFU,
             published_mfu_source=_A100_MFU_SRC),
     GpuSpec("h100-sxm", _H100, 81559 * MiB, 3350, 370, 45, 50, _H100_SRC + "; 80 GB HBM3, 3.35 TB/s",
-            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True, fp8_training=True,
+            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True, fp8_training=True, persistent_gemm=True,
             published_mfu=_H100_MFU, published_mfu_source=_H100_MFU_SRC),
     GpuSpec("h100-pcie", {"fp32": 51.2 * TFLOPS, "tf32": 378 * TFLOPS, "bf16": 756 * TFLOPS,
                           "fp16": 756 * TFLOPS, "fp8": 1513 * TFLOPS},
             81559 * MiB, 2000, 50, 12.5, 50,
             "NVIDIA H100 PCIe datasheet: 756 TF bf16 dense, 80 GB HBM2e 2 TB/s; no NVSwitch: peers over "
             "PCIe Gen5 (~50 GB/s busbw); typical 1x 200 Gb/s NIC per 2 GPUs -> 12.5 GB/s per GPU",
-            matmul_efficiency=0.661, num_sms=114, fp8_training=True),
+            matmul_efficiency=0.661, num_sms=114, fp8_training=True, persistent_gemm=True),
     GpuSpec("h200", _H100, 143771 * MiB, 4800, 370, 45, 50,
             "NVIDIA H200 datasheet: same Hopper tensor cores as H100 SXM (989.4 TF bf16 dense), 141 GB HBM3e "
             "4.8 TB/s; NVLink4 900 GB/s (busbw ~370 GB/s); 8x 400 Gb/s NDR per node -> 50 GB/s per GPU",
-            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True, fp8_training=True),
+            matmul_efficiency=0.803, num_sms=132, tp_comm_overlap=True, fp8_training=True, persistent_gemm=True),
     GpuSpec("b200", {"fp32": 80 * TFLOPS, "tf32": 1100 * TFLOPS, "bf16": 2250 * TFLOPS,
                      "fp16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS},
             183359 * MiB, 8000, 720, 45, 50,

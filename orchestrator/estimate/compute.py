@@ -43,6 +43,18 @@ def matmul_efficiency(m: int, n: int, k: int, num_sms: int, ceiling: float, batc
     return ceiling * best * k / (k + K_OVERHEAD)
 
 
+@lru_cache(maxsize=65536)
+def gemm_tiles(m: int, n: int, num_sms: int, batch: int = 1) -> int:
+    """Output tiles of the tile shape :func:`matmul_efficiency` picks for an m x n GEMM on ``num_sms`` SMs."""
+    best, tiles_of_best = -1.0, 1
+    for tm, tn, rel in TILES:
+        tiles = ceil(m / tm) * ceil(n / tn) * batch
+        eff = rel * m * n * batch / (ceil(tiles / num_sms) * num_sms * tm * tn)
+        if eff > best:
+            best, tiles_of_best = eff, tiles
+    return tiles_of_best
+
+
 def matmul_time_s(m: int, n: int, k: int, hw: Hardware, batch: int = 1, accumulate_fp32: bool = False) -> float:
     """Roofline time of one GEMM: compute at the modelled efficiency, or its HBM traffic if slower."""
     flops = 2.0 * m * n * k * batch

@@ -88,6 +88,7 @@ class CostModel:
     # NCCL_MAX_NCHANNELS), so while a collective overlaps compute, channels / SMs of the GPU is taken from
     # the GEMMs. 16 channels: the rings NCCL builds on 8-GPU NVLink/NVSwitch nodes (our estimate; NCCL_DEBUG
     # shows the count). On the CPU target (one core, "1 SM") gloo's threads take the core itself.
+    # What the taken SMs cost a GEMM depends on its tile schedule: estimate/overlap.py.
     comm_channels: int = 16
     # --- engine host overheads (DeepSpeed) ------------------------------------------------------------
     # Host time of one ZeRO-3 module fetch (DeepSpeed's pre-forward/pre-backward hooks: status checks, the

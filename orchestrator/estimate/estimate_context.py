@@ -32,12 +32,15 @@ class EstimateContext:
                                   # ("tensorwise": current scaling; only published runs set it)
     distribute_saved_activations: bool = False   # full recompute keeps each layer's input split over the tp
                                   # ranks (distributed_saved_input; only published runs set it: orch does not emit it)
+    p2p_overlap: bool = True      # Megatron's interleaved schedule overlaps its p2p exchanges (step.uses_p2p_overlap):
+                                  # the release orch writes for does; a published run on Megatron-LM before
+                                  # 2023-05-31 did not (only published runs set it)
 
     @classmethod
     def of(cls, spec: Spec, cost: CostModel | None = None, engine_version: str | None = None,
            ep_a2a_overlap: bool = True, fp8_recipe: str = FP8_RECIPE,
            distribute_saved_activations: bool = False, dropout: float = 0.0,
-           loss: str | None = None, shape_fields: dict | None = None) -> "EstimateContext":
+           loss: str | None = None, shape_fields: dict | None = None, p2p_overlap: bool = True) -> "EstimateContext":
         """``dropout``: the hidden/attention dropout probability the run trains with (ModelShape.dropout); orch
         trains without (0), a published run states its own (tests/published.py case_dropout). ``loss``: the cross
         entropy implementation (ModelShape.loss); None: what orch's engine trains with (:func:`default_loss`).
@@ -57,7 +60,7 @@ class EstimateContext:
                    engine=engine_of(spec),
                    host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
                    engine_version=engine_version, ep_a2a_overlap=ep_a2a_overlap, fp8_recipe=fp8_recipe,
-                   distribute_saved_activations=distribute_saved_activations)
+                   distribute_saved_activations=distribute_saved_activations, p2p_overlap=p2p_overlap)
 
 
 def default_loss(engine: str) -> str:

@@ -49,6 +49,7 @@ class Hardware:
     tp_comm_overlap: bool = False   # the GPU can overlap TP comm with GEMMs (catalog)
     runtime_bytes: int | None = None   # framework runtime per process (catalog); None: CostModel's CUDA context
     gelu_elems_per_s: float | None = None   # compute-bound GELU rate (catalog, CPU); None: memory-bound
+    persistent_gemm: bool = False   # GEMMs run persistent CTAs on a static tile schedule (catalog; estimate/overlap.py)
 
     @property
     def world_size(self) -> int:
@@ -76,7 +77,7 @@ def hardware_for(spec: Spec, cost: CostModel) -> Hardware:
         dtype_bytes=DTYPE_BYTES[spec.training.precision], kernel_gap_s=cost.kernel_gap_s,
         latency_s=cost.collective_latency_s, fused_grad_accumulation=cost.fused_grad_accumulation,
         tp_comm_overlap=gpu.tp_comm_overlap, runtime_bytes=gpu.runtime_bytes, link=intra_link(gpu),
-        gelu_elems_per_s=cost.gelu_elems_per_s or gpu.gelu_elems_per_s)
+        gelu_elems_per_s=cost.gelu_elems_per_s or gpu.gelu_elems_per_s, persistent_gemm=gpu.persistent_gemm)
 
 
 def intra_link(gpu) -> str:

@@ -29,7 +29,10 @@ def bubble_ratio(pp: int, num_microbatches: int, vpp: int = 1) -> float:
 
 
 def pipeline_time_s(*, num_microbatches: int, pp: int, vpp: int, slowest_stage_s: float, mean_stage_s: float,
-                    p2p_s: float = 0.0) -> float:
-    """Wall time of the forward/backward part of a step (see module doc)."""
-    fill = (pp - 1) / vpp * (mean_stage_s + p2p_s) if pp > 1 else 0.0
+                    p2p_s: float = 0.0, fill_p2p_s: float | None = None) -> float:
+    """Wall time of the forward/backward part of a step (see module doc); ``fill_p2p_s``: the exposed p2p per
+    micro-batch in the fill and drain where it differs from the steady state's (Megatron's overlapped
+    exchanges wait at once there, estimate/step.py overlapped_p2p_exposed_s)."""
+    fill_p2p = p2p_s if fill_p2p_s is None else fill_p2p_s
+    fill = (pp - 1) / vpp * (mean_stage_s + fill_p2p) if pp > 1 else 0.0
     return num_microbatches * (slowest_stage_s + p2p_s) + fill

@@ -42,6 +42,7 @@ from .ds_runtime import (ds_backward_gather_passes, ds_partitioned_transfers_s, 
 from .hardware import Hardware
 from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, unpaired_share, uses_ep_a2a_overlap
+from .overlap import contention_s, layer_gemms, nccl_overlap_slowdown
 from .recompute import module_savings
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
@@ -380,10 +381,15 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s + hp_layer,
                         head + hp_head, emb + hp_emb)
     slowest, mean, stage_layers = times.slowest_s, times.mean_s, times.slowest_layers
-    pp_bytes, pp_s, x_exposed, emb_sync = _pipeline_comm(ctx, lay, params, tokens, tp_pl, m, bf16_opt)
+    chunk_layers = stage_layers / vpp
+    pp_bytes, pp_s, x_exposed, emb_sync = _pipeline_comm(
+        ctx, lay, params, tokens, tp_pl, m, bf16_opt,
+        (chunk_layers * slow * layer.forward_s, chunk_layers * slow * (layer.backward_s + layer.recompute_s)))
+    # the overlapped exchanges of the warmup and flush are waited at once (no overlap_p2p_comm_warmup_flush)
+    x_fill = (pp_s - emb_sync) / m if uses_p2p_overlap(ctx, lay) else x_exposed
     host_mb = cost.pipeline_microbatch_host_s if ds_pipeline_host_exposed(ctx.engine, pp) else 0.0
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
-                           p2p_s=x_exposed + host_mb)
+                           p2p_s=x_exposed + host_mb, fill_p2p_s=x_fill + host_mb)
     pipe_host_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0   # part of the pipeline's time
     reduce_layers = _layers_holding_most_params(split, params)
     # DeepSpeed's pipeline engine reduces after the pipeline has drained: nothing to hide behind
@@ -402,20 +408,27 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     tp_total = m * stage_layers * tp_s
     # the expert all-to-all the EP overlap hides behind the other micro-batch's compute takes SMs as well
     ep_hidden = m * stage_layers * (rl.ep_s - ep_exposed)
-    hidden_comm = (dp_comm.time_s - dp_comm.exposed_s) + tp_hidden * tp_total + ep_hidden
-    contention = min(1.0, cost.comm_channels / hw.num_sms) * hidden_comm
+    pp_fill_s = (pp - 1) / vpp * (x_fill - x_exposed) if pp > 1 else 0.0   # overlapped exchanges waited in fill/drain
+    pp_hidden = max(0.0, pp_s - emb_sync - m * x_exposed - pp_fill_s)     # ... and those hidden (uses_p2p_overlap)
+    # NCCL's hidden collectives slow the GEMMs they share the SMs with (estimate/overlap.py); TE's TP overlap
+    # sizes its GEMMs for the SMs its userbuffers leave (math_sm_count), the expert exchange keeps the SM share
+    nccl_hidden = (dp_comm.time_s - dp_comm.exposed_s) + pp_hidden
+    sm_share = min(1.0, cost.comm_channels / hw.num_sms)
+    contention = sm_share * (tp_hidden * tp_total + ep_hidden) + contention_s(
+        nccl_hidden, nccl_overlap_slowdown(layer_gemms(rshape, tp, tokens), _gemm_share(layer), hw,
+                                           cost.comm_channels))
     step = (pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s + contention
             + offload_host + step_host_s)
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
                         dp_reduce_s=dp_comm.reduce_s,
                         tp_exposed_s=(1 - tp_hidden) * tp_total,
-                        pp_exposed_s=m * x_exposed + emb_sync,
+                        pp_exposed_s=m * x_exposed + emb_sync + pp_fill_s,
                         ep_bytes=m * stage_layers * rl.ep_bytes, ep_s=m * stage_layers * rl.ep_s,
                         ep_exposed_s=m * stage_layers * ep_exposed,
                         cp_bytes=m * stage_layers * rl.cp_bytes, cp_s=m * stage_layers * rl.cp_s,
                         cp_exposed_s=m * stage_layers * rl.cp_exposed_s)
-    fill = pipe - m * (slowest + x_exposed) - pipe_host_s
+    fill = pipe - m * (slowest + x_exposed) - pipe_host_s - pp_fill_s
     breakdown = StepBreakdown(compute_s=m * (slowest - stage_layers * (tp_exposed + ep_exposed + rl.cp_exposed_s)),
                               bubble_s=fill, ep_exposed_s=comm.ep_exposed_s, cp_exposed_s=comm.cp_exposed_s,
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
@@ -424,11 +437,19 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
 
 
+def _gemm_share(layer) -> float:
+    """Share of a layer's compute its GEMMs take (its forward's: the backward's mix is alike)."""
+    return min(1.0, layer.matmul_forward_s / layer.forward_s) if layer.forward_s > 0 else 0.0
+
+
 def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, tokens: int, tp_pl: Placement,
-                   m: int, bf16_opt: bool) -> tuple[float, float, float, float]:
+                   m: int, bf16_opt: bool, chunk_windows_s: tuple[float, float] = (0.0, 0.0)
+                   ) -> tuple[float, float, float, float]:
     """(bytes, time, exposed time per micro-batch, tied-embedding sync time) of a step's pipeline traffic:
     the stage boundary transfers and, with tied embeddings, the embedding gradient's all-reduce between the
-    first and last stage; all 0 without pipeline parallelism."""
+    first and last stage; all 0 without pipeline parallelism. ``chunk_windows_s``: (forward, backward) compute
+    of one model chunk for one micro-batch, what Megatron's overlapped exchanges hide behind
+    (:func:`overlapped_p2p_exposed_s`)."""
     shape, hw, tp = ctx.shape, ctx.hw, lay.tp
     if lay.pp <= 1:
         return 0.0, 0.0, 0.0, 0.0
@@ -436,8 +457,12 @@ def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, to
     one_bytes, one_s = pipeline_transfer(tokens=tokens, hidden=shape.hidden_size, tp_pl=tp_pl,
                                          sp=bool(lay.sequence_parallel), inter_node=inter, hw=hw)
     x = p2p_transfers_per_microbatch(ctx.engine, lay.vpp) * one_s
+    exposed = (1 - ctx.cost.pp_overlap) * x
+    if uses_p2p_overlap(ctx, lay):
+        exposed = overlapped_p2p_exposed_s(one_s, lay.vpp, *chunk_windows_s)
     if ds_pipe_partitioned(ctx.engine, tp) and not lay.sequence_parallel:
         x = ds_partitioned_transfers_s(ds_pipe_hand_overs(ctx.engine_version), one_bytes, tp_pl, inter, hw)
+        exposed = (1 - ctx.cost.pp_overlap) * x
     pp_bytes, pp_s, emb_sync = 2 * lay.vpp * m * one_bytes, m * x, 0.0
     if shape.tie_embeddings:
         # BF16_Optimizer reduces the fp32 copy of the tied gradient (engines.py)
@@ -445,7 +470,25 @@ def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, to
         emb_sync = all_reduce_s(emb_bytes, Placement(2, 1, 2) if inter else Placement(2, 2, 1), hw)
         pp_bytes += ring_bytes(emb_bytes, 2, "all_reduce")
         pp_s += emb_sync
-    return pp_bytes, pp_s, (1 - ctx.cost.pp_overlap) * x, emb_sync
+    return pp_bytes, pp_s, exposed, emb_sync
+
+
+def uses_p2p_overlap(ctx: EstimateContext, lay: Layout) -> bool:
+    """Megatron's interleaved schedule overlaps its stage exchanges with compute (--overlap-p2p-communication):
+    Megatron-LM's default since 4eeff55d1f (2023-10-12, "Make overlap_p2p_comm the default"; the option since
+    f9283c5a8a, 2023-05-31), and NeMo's MegatronCommOverlapCallback sets overlap_p2p_comm where pp > 1 and
+    vp > 1 (batch_p2p_comm otherwise). Without interleaving, Megatron batches the exchange and waits for it."""
+    return ctx.engine == "megatron" and lay.pp > 1 and lay.vpp > 1 and ctx.p2p_overlap
+
+
+def overlapped_p2p_exposed_s(one_s: float, vpp: int, chunk_forward_s: float, chunk_backward_s: float) -> float:
+    """Exposed p2p time per micro-batch of Megatron-Core's interleaved 1F1B with overlap_p2p_comm
+    (pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving, steady state): after a
+    chunk's forward, ``send_forward_recv_forward`` is posted asynchronously and waited in the next forward's
+    ``pp_pre_forward``, so it runs behind one chunk's backward; the ``send_backward_recv_backward`` posted
+    after the backward is waited before the next backward, behind one chunk's forward. Each of the v chunks of
+    a micro-batch: what a transfer takes beyond its window."""
+    return vpp * (max(0.0, one_s - chunk_backward_s) + max(0.0, one_s - chunk_forward_s))
 
 
 def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_window_s: float,
