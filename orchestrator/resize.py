@@ -19,6 +19,7 @@ RESUME_FILE = "resume.json"
 KEPT = ("model", "training.precision", "training.engine", "training.seed", "training.train_iters", "data")
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero_stage", "micro_batch_size", "offload")
 SEARCH_NODES = 64          # how far the nearest-size search looks on each side
+CKPT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")    # what a checkpoint's layout is
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,7 @@ def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
     DeepSpeed's universal checkpoint (ds_to_universal + checkpoint.load_universal) for the changes verified
     with DeepSpeed 0.19.8: dp at ZeRO-1/2 (and between them) or at ZeRO-3 (pp = 1, dense model, no offload).
     Every other change is refused, naming it (SpecError, exit 2)."""
-    ckpt_keys = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")
-    changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in ckpt_keys if old.get(k) != new.get(k))
+    changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in CKPT_KEYS if old.get(k) != new.get(k))
     if (spec.training.engine or "deepspeed") != "deepspeed":
         _unsupported(changes or ("the cluster size",), f"training.engine {spec.training.engine}: orch resumes "
                      "only the DeepSpeed engine's checkpoints in a resized run")
@@ -202,7 +202,43 @@ def _unsupported(changes, reason: str):
                             "train the new layout from step 0"))
 
 
-FOLLOWERS = {"orch": follow_reference}     # program kind -> (old layout, new layout, spec) -> Conversion
+def follow_script(old: dict, new: dict, spec: Spec) -> Conversion:
+    """kind script, the user's DeepSpeed script: it saves with engine.save_checkpoint into the dir orch hands it
+    (program.save_arg) and loads with engine.load_checkpoint from the one it is handed (program.load_arg). The
+    conversion is the reference trainer's, for what was run with a script: dp at ZeRO-1/2, pp 1, tp 1; the
+    Hugging Face Trainer's own checkpoints are refused."""
+    from .programs.checkpoints import UNIVERSAL_DS_CONFIG  # noqa: PLC0415
+
+    program = spec.program
+    changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in CKPT_KEYS if old.get(k) != new.get(k))
+    if program.log_format == "hf":
+        _unsupported(changes or ("the cluster size",), "a Hugging Face Trainer script saves checkpoint-<N> dirs of "
+                     "its own and resumes with resume_from_checkpoint; orch does not follow them yet")
+    missing = [name for name in ("save_arg", "load_arg") if getattr(program, name) is None]
+    if missing:
+        raise SpecError([Problem(f"program.{name}", "not set: orch must tell the script where it saves and where it "
+                                 "loads", "set program.save_arg: --save_dir and program.load_arg: --load_dir (the "
+                                 "flags your script passes to engine.save_checkpoint / engine.load_checkpoint)")
+                         for name in missing])
+    if changes:
+        for key, why in (("tp", "a tensor-parallel script checkpoint (mp_rank_NN files) is not converted"),
+                         ("pp", "a PipelineModule checkpoint (layer_NN-model_states.pt) is not converted")):
+            if (old.get(key) or 1) > 1 or (new.get(key) or 1) > 1:
+                _unsupported(changes, f"{key} {old.get(key)} -> {new.get(key)}: {why}")
+        for side, stage in (("source", old.get("zero_stage")), ("new", new.get("zero_stage"))):
+            if stage == 3:
+                _unsupported(changes, f"ZeRO-3 in the {side} layout: loading a universal checkpoint into a script's "
+                             "deepspeed.zero.Init model is not verified; resize a script at ZeRO-1 or ZeRO-2")
+    conversion = follow_reference(old, new, spec)
+    load = f"{program.load_arg} RUN_DIR/resume/{conversion.method}"
+    how = (f"{conversion.how}; the script's first start gets {load}" if conversion.method == "copy" else
+           "deepspeed.checkpoint.ds_to_universal of the script's checkpoint into the new run dir; the script's first "
+           f"start gets {load} and {program.ds_config_arg} RUN_DIR/resume/{UNIVERSAL_DS_CONFIG} (ds_config.json "
+           "plus checkpoint: {load_universal: true})")
+    return Conversion(conversion.method, conversion.changes, how)
+
+
+FOLLOWERS = {"orch": follow_reference, "script": follow_script}   # program kind -> (old, new, spec) -> Conversion
 
 
 def follower(spec: Spec):
@@ -220,6 +256,11 @@ def source_checkpoint(run, step: int | None = None) -> tuple[Path, int]:
     else a SpecError."""
     from .train.checkpoint import checkpoint_dir, resume_choice, step_problem  # noqa: PLC0415  (no torch)
 
+    if program_kind(run.spec) == "script":      # the script's own checkpoints: no orch manifest
+        from .programs.checkpoints import source_checkpoint as script_checkpoint  # noqa: PLC0415
+
+        zero = layout_record(run.spec)["zero_stage"]
+        return script_checkpoint(run, step, shards=run.spec.world_size if zero else None)
     ckpt = checkpoint_dir(run.path, run.spec)
     if step is not None:
         problem = step_problem(ckpt, step)
