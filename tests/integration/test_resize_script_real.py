@@ -1,0 +1,86 @@
+"""Resize a user's DeepSpeed script for real: examples/programs/ds_train.py (it knows nothing of orch) trained
+by `orch launch` at ZeRO-2 dp 2 for 6 steps, saving at steps 4 and 6 (--save_dir), is resized from its step-4
+checkpoint to 1 process and launched: the conversion step runs ds_to_universal on the script's checkpoint, the
+script gets --load_dir RUN_DIR/resume/universal with a ds_config that sets checkpoint.load_universal, and
+continues. Steps 5-6 are recorded once each, numbered after the source's, with the unresized run's losses
+(ds_train.py's step s trains on the same global batch at any dp, so only the reduction order differs); the
+source run's files stay byte-identical.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from tests.deadlines import scaled_s
+from tests.integration.program_support import DS_TRAIN
+from tests.integration.train_support import JOB_TIMEOUT_S, job_env, load_metrics
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("deepspeed")
+
+ORCH = str(Path(sys.executable).parent / "orch")
+SCRIPT_ARGS = ["--steps", "6", "--save_interval", "4", "--num-layers", "2", "--hidden-size", "64",
+               "--seq-length", "32", "--vocab-size", "128"]
+
+
+def _orch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([ORCH, *args], cwd=ROOT, env=job_env(), capture_output=True, text=True,
+                          timeout=scaled_s(JOB_TIMEOUT_S))
+
+
+def _launch(run: Path) -> str:
+    launched = _orch("launch", str(run), "--wait")
+    log = (run / "logs" / "launch.log").read_text()
+    assert launched.returncode == 0, f"{launched.stderr[-3000:]}\n{log[-6000:]}"
+    return log
+
+
+def _digests(root: Path) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_a_deepspeed_script_resized_from_dp_2_to_1_continues_through_the_universal_checkpoint(tmp_path):
+    data = yaml.safe_load((ROOT / "examples" / "ds-script-cpu.yaml").read_text())
+    data["training"]["train_iters"] = 6
+    data["program"].update(path=str(DS_TRAIN), args=SCRIPT_ARGS, save_arg="--save_dir", load_arg="--load_dir")
+    data["tracking"] = {"wandb": {"mode": "disabled"}}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    source = tmp_path / "src"
+    assert _orch("generate", str(spec), "-o", str(source)).returncode == 0
+    _launch(source)
+    expected = {r["step"]: r["loss"] for r in load_metrics(source)}
+    assert sorted(expected) == list(range(1, 7))
+    assert sorted(p.name for p in (source / "checkpoints").glob("global_step*")) == ["global_step4", "global_step6"]
+    before = _digests(source)
+
+    new = tmp_path / "resized"
+    out = _orch("resize", str(source), "--nodes", "1", "--gpus-per-node", "1", "--step", "4", "-o", str(new))
+    assert out.returncode == 0, out.stderr
+    resume = json.loads((new / "resume.json").read_text())
+    assert resume["program"] == "script" and resume["source_step"] == 4
+    assert resume["conversion"]["method"] == "universal" and resume["conversion"]["changes"] == ["dp 2 -> 1"]
+
+    log = _launch(new)
+    universal = new / "resume" / "universal"
+    assert "[orch-convert] converted" in log and (universal / "global_step4" / "zero").is_dir()
+    assert f"resized run: resumes from {universal} (universal, step 4): --load_dir {universal}" in log
+    assert f"loaded {universal}/global_step4/mp_rank_00_model_states.pt: continuing after step 4" in log
+    config = json.loads((new / "resume" / "ds_config.load_universal.json").read_text())
+    assert config["checkpoint"]["load_universal"] is True
+    assert "load_universal" not in (new / "ds_config.json").read_text()   # the run's own checkpoints load natively
+
+    assert _digests(source) == before                                      # the source run is untouched
+    records = load_metrics(new)
+    assert [r["step"] for r in records] == [5, 6]                          # after the source's 1-4, each once
+    for record in records:
+        assert record["loss"] == pytest.approx(expected[record["step"]], rel=1e-3), record["step"]
+    assert (new / "checkpoints" / "global_step6").is_dir()                 # it saves into its own run dir
