@@ -205,3 +205,34 @@ def test_a_universal_start_hands_the_script_a_config_that_loads_it(tmp_path, sou
         "train.py", "--deepspeed_config", str(start.ds_config), "--save_dir", str(new / "checkpoints"),
         "--load_dir", str(out)]
     assert start_argv(argv, run.spec.program, Start(), new) == argv
+
+
+def test_the_wrappers_steps_follow_the_step_the_engine_loaded(tmp_path, capsys):
+    """DeepSpeedEngine.load_checkpoint, patched: before the first step, the numbering moves to the loaded
+    global_steps; a load that found nothing, or one after steps were observed, changes nothing."""
+    import types
+
+    from orchestrator.telemetry.wrapper import ProgramTelemetry
+
+    class Engine:
+        global_steps = 7
+
+        def load_checkpoint(self, load_dir, tag=None):
+            return (None, None) if load_dir == "empty" else (f"{load_dir}/global_step7", {"step": 7})
+
+        def _take_model_step(self):
+            pass
+
+        def backward(self, loss):
+            pass
+
+    telemetry = ProgramTelemetry(tmp_path, start_step=4)
+    telemetry._patch_engine(types.SimpleNamespace(DeepSpeedEngine=Engine))
+    assert Engine().load_checkpoint("empty") == (None, None) and telemetry.step == 4
+    assert Engine().load_checkpoint("ckpt")[1] == {"step": 7}
+    assert (telemetry.step, telemetry.start_step) == (7, 7)
+    assert "loaded the checkpoint of step 7 (ckpt/global_step7), not of step 4" in capsys.readouterr().err
+    telemetry.step = 8
+    Engine.global_steps = 3
+    Engine().load_checkpoint("ckpt")
+    assert telemetry.step == 8
