@@ -8,31 +8,22 @@ source run's files stay byte-identical.
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.deadlines import scaled_s
 from tests.integration.program_support import DS_TRAIN
-from tests.integration.train_support import JOB_TIMEOUT_S, job_env, load_metrics
+from tests.integration.test_resize_real import _digests, _orch
+from tests.integration.train_support import load_metrics
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("deepspeed")
 
-ORCH = str(Path(sys.executable).parent / "orch")
 SCRIPT_ARGS = ["--steps", "6", "--save_interval", "4", "--num-layers", "2", "--hidden-size", "64",
                "--seq-length", "32", "--vocab-size", "128"]
-
-
-def _orch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([ORCH, *args], cwd=ROOT, env=job_env(), capture_output=True, text=True,
-                          timeout=scaled_s(JOB_TIMEOUT_S))
 
 
 def _launch(run: Path) -> str:
@@ -40,11 +31,6 @@ def _launch(run: Path) -> str:
     log = (run / "logs" / "launch.log").read_text()
     assert launched.returncode == 0, f"{launched.stderr[-3000:]}\n{log[-6000:]}"
     return log
-
-
-def _digests(root: Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
-            if p.is_file()}
 
 
 def test_a_deepspeed_script_resized_from_dp_2_to_1_continues_through_the_universal_checkpoint(tmp_path):

@@ -17,27 +17,10 @@ from orchestrator.resize import follow_script
 from orchestrator.rundir import read_run_dir
 from orchestrator.spec_loader import parse_spec
 from tests.conftest import ROOT, fixed_plan, run_cli, spec_data
+from tests.unit.test_programs import problems_of, script, script_spec  # noqa: F401  (script: a fixture)
 
 FLAGS = {"save_arg": "--save_dir", "load_arg": "--load_dir"}
 LAYOUT = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "offload": "none"}
-
-
-@pytest.fixture
-def script(tmp_path):
-    path = tmp_path / "code" / "train.py"
-    path.parent.mkdir()
-    path.write_text("print('training')\n")
-    return path
-
-
-def script_spec(path, **program) -> dict:
-    return spec_data(**{"program": {"kind": "script", "path": str(path), **program}})
-
-
-def problems_of(data: dict) -> dict[str, str]:
-    with pytest.raises(SpecError) as info:
-        parse_spec(data)
-    return {p.path: str(p) for p in info.value.problems}
 
 
 def save_step(ckpt_dir, step: int, shards: int = 2):
@@ -116,7 +99,7 @@ def test_a_scripts_step_dir_is_sound_when_its_shards_are_all_there_and_pass_thei
 
 
 @pytest.fixture
-def source(tmp_path, script):
+def source(tmp_path, script, capsys):
     """A generated 2-process kind-script run dir (ZeRO-2) whose script saved steps 4 and 6 (step 6 torn)."""
     data = yaml.safe_load((ROOT / "examples" / "ds-script-cpu.yaml").read_text())
     data["program"].update(path=str(script), **FLAGS)
@@ -124,10 +107,7 @@ def source(tmp_path, script):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
     run = tmp_path / "src"
-    from orchestrator.cli import main
-    with pytest.raises(SystemExit) as info:
-        main(["generate", str(spec), "-o", str(run)])
-    assert info.value.code == 0
+    assert run_cli(["generate", str(spec), "-o", str(run)], capsys)[0] == 0
     save_step(run / "checkpoints", 4)
     save_step(run / "checkpoints", 6, shards=1)
     return run
