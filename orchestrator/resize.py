@@ -205,8 +205,8 @@ def _unsupported(changes, reason: str):
 def follow_script(old: dict, new: dict, spec: Spec) -> Conversion:
     """kind script, the user's DeepSpeed script: it saves with engine.save_checkpoint into the dir orch hands it
     (program.save_arg) and loads with engine.load_checkpoint from the one it is handed (program.load_arg). The
-    conversion is the reference trainer's, for what was run with a script: dp at ZeRO-1/2, pp 1, tp 1; the
-    Hugging Face Trainer's own checkpoints are refused."""
+    conversion is the reference trainer's (dp at ZeRO-1/2 or at ZeRO-3), with pp 1 and tp 1; the Hugging Face
+    Trainer's own checkpoints are refused."""
     from .programs.checkpoints import UNIVERSAL_DS_CONFIG  # noqa: PLC0415
 
     program = spec.program
@@ -225,10 +225,6 @@ def follow_script(old: dict, new: dict, spec: Spec) -> Conversion:
                          ("pp", "a PipelineModule checkpoint (layer_NN-model_states.pt) is not converted")):
             if (old.get(key) or 1) > 1 or (new.get(key) or 1) > 1:
                 _unsupported(changes, f"{key} {old.get(key)} -> {new.get(key)}: {why}")
-        for side, stage in (("source", old.get("zero_stage")), ("new", new.get("zero_stage"))):
-            if stage == 3:
-                _unsupported(changes, f"ZeRO-3 in the {side} layout: loading a universal checkpoint into a script's "
-                             "deepspeed.zero.Init model is not verified; resize a script at ZeRO-1 or ZeRO-2")
     conversion = follow_reference(old, new, spec)
     load = f"{program.load_arg} RUN_DIR/resume/{conversion.method}"
     how = (f"{conversion.how}; the script's first start gets {load}" if conversion.method == "copy" else

@@ -1,5 +1,5 @@
 """Resize a user's DeepSpeed script for real: examples/programs/ds_train.py (it knows nothing of orch) trained
-by `orch launch` at ZeRO-2 dp 2 for 6 steps, saving at steps 4 and 6 (--save_dir), is resized from its step-4
+by `orch launch` at ZeRO-2 (and ZeRO-3) dp 2 for 6 steps, saving at steps 4 and 6 (--save_dir), is resized from its step-4
 checkpoint to 1 process and launched: the conversion step runs ds_to_universal on the script's checkpoint, the
 script gets --load_dir RUN_DIR/resume/universal with a ds_config that sets checkpoint.load_universal, and
 continues. Steps 5-6 are recorded once each, numbered after the source's, with the unresized run's losses
@@ -33,9 +33,11 @@ def _launch(run: Path) -> str:
     return log
 
 
-def test_a_deepspeed_script_resized_from_dp_2_to_1_continues_through_the_universal_checkpoint(tmp_path):
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_a_deepspeed_script_resized_from_dp_2_to_1_continues_through_the_universal_checkpoint(zero_stage, tmp_path):
     data = yaml.safe_load((ROOT / "examples" / "ds-script-cpu.yaml").read_text())
     data["training"]["train_iters"] = 6
+    data["parallelism"]["zero_stage"] = zero_stage       # ZeRO-3: ds_train.py builds under deepspeed.zero.Init
     data["program"].update(path=str(DS_TRAIN), args=SCRIPT_ARGS, save_arg="--save_dir", load_arg="--load_dir")
     data["tracking"] = {"wandb": {"mode": "disabled"}}
     spec = tmp_path / "spec.yaml"
@@ -59,7 +61,8 @@ def test_a_deepspeed_script_resized_from_dp_2_to_1_continues_through_the_univers
     universal = new / "resume" / "universal"
     assert "[orch-convert] converted" in log and (universal / "global_step4" / "zero").is_dir()
     assert f"resized run: resumes from {universal} (universal, step 4): --load_dir {universal}" in log
-    assert f"loaded {universal}/global_step4/mp_rank_00_model_states.pt: continuing after step 4" in log
+    states = "mp_rank_00_model_states.pt" if zero_stage < 3 else "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    assert f"loaded {universal}/global_step4/{states}: continuing after step 4" in log
     config = json.loads((new / "resume" / "ds_config.load_universal.json").read_text())
     assert config["checkpoint"]["load_universal"] is True
     assert "load_universal" not in (new / "ds_config.json").read_text()   # the run's own checkpoints load natively

@@ -60,7 +60,7 @@ def test_checkpoint_flags_must_differ_need_each_other_and_belong_to_kind_script(
 
 @pytest.mark.parametrize("old, new, method", [
     ((2, 2), (1, 2), "universal"), ((2, 1), (1, 1), "universal"), ((2, 2), (1, 1), "universal"),
-    ((2, 2), (2, 2), "copy"), ((2, 3), (1, 3), None), ((2, 2), (1, 3), None), ((2, 0), (1, 0), None)])
+    ((2, 2), (2, 2), "copy"), ((2, 3), (1, 3), "universal"), ((2, 2), (1, 3), None), ((2, 0), (1, 0), None)])
 def test_what_a_scripts_checkpoint_follows(script, old, new, method):
     spec = parse_spec(script_spec(script, **FLAGS))
     before, after = ({**LAYOUT, "dp": dp, "zero_stage": z} for dp, z in (old, new))
