@@ -19,7 +19,7 @@ RESUME_FILE = "resume.json"
 KEPT = ("model", "training.precision", "training.engine", "training.seed", "training.train_iters", "data")
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero_stage", "micro_batch_size", "offload")
 SEARCH_NODES = 64          # how far the nearest-size search looks on each side
-CKPT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")    # what a checkpoint's layout is
+SCRIPT_CKPT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")   # a script checkpoint's layout
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,8 @@ def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
     DeepSpeed's universal checkpoint (ds_to_universal + checkpoint.load_universal) for the changes verified
     with DeepSpeed 0.19.8: dp at ZeRO-1/2 (and between them) or at ZeRO-3 (pp = 1, dense model, no offload).
     Every other change is refused, naming it (SpecError, exit 2)."""
-    changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in CKPT_KEYS if old.get(k) != new.get(k))
+    ckpt_keys = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")
+    changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in ckpt_keys if old.get(k) != new.get(k))
     if (spec.training.engine or "deepspeed") != "deepspeed":
         _unsupported(changes or ("the cluster size",), f"training.engine {spec.training.engine}: orch resumes "
                      "only the DeepSpeed engine's checkpoints in a resized run")
@@ -210,10 +211,12 @@ def follow_script(old: dict, new: dict, spec: Spec) -> Conversion:
     from .programs.checkpoints import UNIVERSAL_DS_CONFIG  # noqa: PLC0415
 
     program = spec.program
-    changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in CKPT_KEYS if old.get(k) != new.get(k))
+    changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in SCRIPT_CKPT_KEYS if old.get(k) != new.get(k))
     if program.log_format == "hf":
-        _unsupported(changes or ("the cluster size",), "a Hugging Face Trainer script saves checkpoint-<N> dirs of "
-                     "its own and resumes with resume_from_checkpoint; orch does not follow them yet")
+        raise SpecError(Problem("program.log_format", "hf: a Hugging Face Trainer script saves checkpoint-<N> dirs "
+                                "of its own and resumes with resume_from_checkpoint; orch does not resize them yet",
+                                "train the new layout from step 0 (the Trainer's own resume_from_checkpoint may "
+                                "load a same-layout checkpoint)"))
     missing = [name for name in ("save_arg", "load_arg") if getattr(program, name) is None]
     if missing:
         raise SpecError([Problem(f"program.{name}", "not set: orch must tell the script where it saves and where it "
