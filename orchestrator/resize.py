@@ -19,6 +19,7 @@ RESUME_FILE = "resume.json"
 KEPT = ("model", "training.precision", "training.engine", "training.seed", "training.train_iters", "data")
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero_stage", "micro_batch_size", "offload")
 SEARCH_NODES = 64          # how far the nearest-size search looks on each side
+SCRIPT_CKPT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")   # a script checkpoint's layout
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,41 @@ def follow_megatron(old: dict, new: dict, spec: Spec) -> Conversion:
     return Conversion(*can_follow(old, new))
 
 
-FOLLOWERS = {"orch": follow_reference, "megatron-lm": follow_megatron}   # program kind -> (old, new, spec) -> Conversion
+def follow_script(old: dict, new: dict, spec: Spec) -> Conversion:
+    """kind script, the user's DeepSpeed script: it saves with engine.save_checkpoint into the dir orch hands it
+    (program.save_arg) and loads with engine.load_checkpoint from the one it is handed (program.load_arg). The
+    conversion is the reference trainer's (dp at ZeRO-1/2 or at ZeRO-3), with pp 1 and tp 1; the Hugging Face
+    Trainer's own checkpoints are refused."""
+    from .programs.checkpoints import UNIVERSAL_DS_CONFIG  # noqa: PLC0415
+
+    program = spec.program
+    changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in SCRIPT_CKPT_KEYS if old.get(k) != new.get(k))
+    if program.log_format == "hf":
+        raise SpecError(Problem("program.log_format", "hf: a Hugging Face Trainer script saves checkpoint-<N> dirs "
+                                "of its own and resumes with resume_from_checkpoint; orch does not resize them yet",
+                                "train the new layout from step 0 (the Trainer's own resume_from_checkpoint may "
+                                "load a same-layout checkpoint)"))
+    missing = [name for name in ("save_arg", "load_arg") if getattr(program, name) is None]
+    if missing:
+        raise SpecError([Problem(f"program.{name}", "not set: orch must tell the script where it saves and where it "
+                                 "loads", "set program.save_arg: --save_dir and program.load_arg: --load_dir (the "
+                                 "flags your script passes to engine.save_checkpoint / engine.load_checkpoint)")
+                         for name in missing])
+    if changes:
+        for key, why in (("tp", "a tensor-parallel script checkpoint (mp_rank_NN files) is not converted"),
+                         ("pp", "a PipelineModule checkpoint (layer_NN-model_states.pt) is not converted")):
+            if (old.get(key) or 1) > 1 or (new.get(key) or 1) > 1:
+                _unsupported(changes, f"{key} {old.get(key)} -> {new.get(key)}: {why}")
+    conversion = follow_reference(old, new, spec)
+    load = f"{program.load_arg} RUN_DIR/resume/{conversion.method}"
+    how = (f"{conversion.how}; the script's first start gets {load}" if conversion.method == "copy" else
+           "deepspeed.checkpoint.ds_to_universal of the script's checkpoint into the new run dir; the script's first "
+           f"start gets {load} and {program.ds_config_arg} RUN_DIR/resume/{UNIVERSAL_DS_CONFIG} (ds_config.json "
+           "plus checkpoint: {load_universal: true})")
+    return Conversion(conversion.method, conversion.changes, how)
+
+
+FOLLOWERS = {"orch": follow_reference, "megatron-lm": follow_megatron, "script": follow_script}   # program kind -> (old, new, spec) -> Conversion
 
 
 def follower(spec: Spec):
@@ -232,6 +267,11 @@ def source_checkpoint(run, step: int | None = None) -> tuple[Path, int]:
         from .resize_megatron import source_checkpoint as megatron_checkpoint  # noqa: PLC0415
 
         return megatron_checkpoint(run, step)
+    if program_kind(run.spec) == "script":      # the script's own checkpoints: no orch manifest
+        from .programs.checkpoints import source_checkpoint as script_checkpoint  # noqa: PLC0415
+
+        zero = layout_record(run.spec)["zero_stage"]
+        return script_checkpoint(run, step, shards=run.spec.world_size if zero else None)
     ckpt = checkpoint_dir(run.path, run.spec)
     if step is not None:
         problem = step_problem(ckpt, step)

@@ -380,6 +380,16 @@ class ProgramSpec:
         None, doc="what the program logs (the telemetry wrapper reads it): deepspeed | hf (Hugging Face Trainer: orch "
         "also passes the TrainingArguments that agree with ds_config.json) | megatron; default hf when ds_config_arg "
         "is --deepspeed, megatron for kind megatron-lm, else deepspeed", omit_if_none=True)
+    save_arg: Optional[str] = spec_field(
+        None, doc="kind script: the flag that receives the dir your script saves its DeepSpeed checkpoints into "
+        "(engine.save_checkpoint(dir)): RUN_DIR/training.checkpoint.dir; e.g. --save_dir as in DeepSpeed's tutorial; "
+        "unset: orch passes none", omit_if_none=True, pattern=DS_CONFIG_ARG_PATTERN,
+        pattern_hint="one flag such as --save_dir")
+    load_arg: Optional[str] = spec_field(
+        None, doc="kind script: the flag that receives the dir your script loads from (engine.load_checkpoint(dir), "
+        "the tag its latest file names), passed only when there is a checkpoint to resume: the run's own, or a "
+        "resized run's converted one; e.g. --load_dir; unset: orch passes none", omit_if_none=True,
+        pattern=DS_CONFIG_ARG_PATTERN, pattern_hint="one flag such as --load_dir")
 
 
 @dataclass(frozen=True, kw_only=True)

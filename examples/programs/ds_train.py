@@ -5,6 +5,13 @@ synthetic tokens (a fixed random permutation: token t+1 follows from token t, so
 
     deepspeed ds_train.py --deepspeed_config ds_config.json --steps 20
     deepspeed ds_train.py --deepspeed_config ds_config.json --pipeline-parallel-size 2   # PipelineModule
+    deepspeed ds_train.py --deepspeed_config ds_config.json --save_dir ckpt --save_interval 4
+    deepspeed ds_train.py --deepspeed_config ds_config.json --save_dir ckpt --load_dir ckpt   # continue
+
+Checkpoints as in DeepSpeed's tutorial: engine.save_checkpoint(save_dir, client_state={"step": step}) every
+--save_interval steps and at the end, engine.load_checkpoint(load_dir) at the start (the tag its latest file
+names); training continues after the loaded step. Step s trains on the same global batch whatever the number
+of data-parallel ranks (sample i of step s is drawn from (seed, s, i)).
 
 The ZeRO stage is the config's zero_optimization.stage; with stage 3 the model is built under
 deepspeed.zero.Init, so each rank only ever holds its shard.
@@ -34,6 +41,10 @@ def parse_args():
     parser.add_argument("--pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--log-interval", type=int, default=5)
+    parser.add_argument("--save_dir", default=None, help="save a checkpoint there every --save_interval steps and "
+                        "at the end")
+    parser.add_argument("--load_dir", default=None, help="continue from the checkpoint its latest file names")
+    parser.add_argument("--save_interval", type=int, default=0, help="steps between checkpoints (0: only the last)")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="record the run with torch.profiler (one 'train_step N' range per step) and write "
                              "each rank's Chrome trace to DIR/trace-rank<RANK>.json")
@@ -107,17 +118,25 @@ def pipeline_model(args):
 
 
 class SyntheticTokens:
-    """Sequences of a fixed random permutation of the vocabulary, each from a random first token."""
+    """Sequences of a fixed random permutation of the vocabulary, each from a random first token: the first
+    tokens of step s's global batch come from (seed, s); data-parallel rank r's micro-batch j holds samples
+    (j * dp + r) * micro + k of it."""
 
-    def __init__(self, vocab, seq, seed):
+    def __init__(self, vocab, seq, seed, *, global_batch, dp, dp_rank):
         g = torch.Generator().manual_seed(seed)
         self.next_token = torch.randperm(vocab, generator=g)
-        self.vocab, self.seq = vocab, seq
-        self.g = torch.Generator().manual_seed(seed + 1 + int(os.environ.get("RANK", "0")))
+        self.vocab, self.seq, self.seed = vocab, seq, seed
+        self.global_batch, self.dp, self.dp_rank = global_batch, dp, dp_rank
 
-    def batch(self, size):
-        tokens = torch.empty(size, self.seq + 1, dtype=torch.long)
-        tokens[:, 0] = torch.randint(self.vocab, (size,), generator=self.g)
+    def step_batches(self, step, micro, accumulation):
+        """This rank's ``accumulation`` micro-batches of step ``step``."""
+        g = torch.Generator().manual_seed(self.seed * 100003 + step)
+        first = torch.randint(self.vocab, (self.global_batch,), generator=g)
+        return [self.batch(first[(j * self.dp + self.dp_rank) * micro:][:micro]) for j in range(accumulation)]
+
+    def batch(self, first):
+        tokens = torch.empty(len(first), self.seq + 1, dtype=torch.long)
+        tokens[:, 0] = first
         for t in range(self.seq):
             tokens[:, t + 1] = self.next_token[tokens[:, t]]
         return tokens[:, :-1], tokens[:, 1:]
@@ -137,40 +156,50 @@ def main():
             model = GPT(args)
     engine, _, _, _ = deepspeed.initialize(args=args, model=model,
                                            model_parameters=[p for p in model.parameters() if p.requires_grad])
-    data = SyntheticTokens(args.vocab_size, args.seq_length, args.seed)
     micro, accumulation = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    data = SyntheticTokens(args.vocab_size, args.seq_length, args.seed, global_batch=engine.train_batch_size(),
+                           dp=engine.dp_world_size, dp_rank=torch.distributed.get_rank(engine.data_parallel_group))
     rank = torch.distributed.get_rank()
+    start = 0
+    if args.load_dir:
+        load_path, client_state = engine.load_checkpoint(args.load_dir)
+        if load_path is None:
+            raise SystemExit(f"no checkpoint to load under {args.load_dir}")
+        start = (client_state or {}).get("step", engine.global_steps)
+        if rank == 0:
+            print(f"loaded {load_path}: continuing after step {start}", flush=True)
     profiler = contextlib.nullcontext()
     if args.profile:
         profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-    start = time.perf_counter()
+    began = time.perf_counter()
     with profiler as prof:
-        for step in range(1, args.steps + 1):
+        for step in range(start + 1, args.steps + 1):
             with torch.profiler.record_function(f"train_step {step}") if args.profile else contextlib.nullcontext():
-                loss = train_step(args, engine, data, micro, accumulation)
-            if rank == 0 and (step % args.log_interval == 0 or step == 1):
+                loss = train_step(args, engine, data.step_batches(step, micro, accumulation))
+            if rank == 0 and (step % args.log_interval == 0 or step == start + 1):
                 print(f"step {step}/{args.steps} loss {float(loss):.4f} (ZeRO-{stage}, "
                       f"pp {args.pipeline_parallel_size}, ln(vocab) {math.log(args.vocab_size):.2f})", flush=True)
-    elapsed = time.perf_counter() - start
+            if args.save_dir and (step == args.steps or args.save_interval and step % args.save_interval == 0):
+                engine.save_checkpoint(args.save_dir, client_state={"step": step})
+    elapsed = time.perf_counter() - began
     if rank == 0:
-        print(f"trained {args.steps} steps in {elapsed:.3f} s", flush=True)
+        print(f"trained {args.steps - start} steps in {elapsed:.3f} s", flush=True)
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
         prof.export_chrome_trace(os.path.join(args.profile, f"trace-rank{rank}.json"))
     torch.distributed.barrier()
 
 
-def train_step(args, engine, data, micro, accumulation):
+def train_step(args, engine, batches):
     """One optimizer step: the pipeline's train_batch, or forward/backward/step per micro-batch."""
     if args.pipeline_parallel_size > 1:
-        return engine.train_batch(data_iter=iter([data.batch(micro) for _ in range(accumulation)]))
+        return engine.train_batch(data_iter=iter(batches))
     total = 0.0
-    for _ in range(accumulation):
-        tokens, labels = data.batch(micro)
+    for tokens, labels in batches:
         loss = engine(tokens.to(engine.device), labels.to(engine.device))
         engine.backward(loss)
         engine.step()
-        total += loss.item() / accumulation
+        total += loss.item() / len(batches)
     return torch.tensor(total)
 
 

@@ -2,7 +2,8 @@
 
 Reads RUN_DIR/program.json ({kind, argv, cwd, log_format, script_path, script_sha256}; ``{run_dir}`` in any
 argv element is the run dir), installs the telemetry wrapper (orchestrator/telemetry/wrapper.py) in this
-interpreter before the program imports anything, then runs argv[0] as ``__main__`` with sys.argv = argv, as
+interpreter before the program imports anything (a script given program.load_arg also gets the checkpoint this
+start resumes from: orchestrator/programs/resume.py), then runs argv[0] as ``__main__`` with sys.argv = argv, as
 ``python argv[0] argv[1:]`` would (its directory first on sys.path, in ``cwd`` when set). The program's exit
 code is this process's; a signal that would have ended it still does.
 """
@@ -41,15 +42,40 @@ def load_program(run_dir: Path) -> dict:
     return program
 
 
-def install_telemetry(run_dir: Path, program: dict):
-    """The wrapper, installed in this interpreter for the run dir (torch is imported here, after the checks)."""
+def plan_start(run_dir: Path, program: dict):
+    """(the RunDir, this start's Start): a script with program.load_arg resumes from the run's own checkpoint or a
+    resized run's converted one (orchestrator.programs.resume), its argv in ``program`` extended to load it.
+    SystemExit(2) naming the fix when a resized run's converted checkpoint is not there."""
+    from ..errors import OrchError  # noqa: PLC0415
+    from ..rundir import read_run_dir  # noqa: PLC0415
+    from .resume import Start, start_argv, start_of  # noqa: PLC0415
+
+    run = read_run_dir(run_dir)
+    if program.get("kind") != "script" or run.spec.program is None:
+        return run, Start()
+    try:
+        start = start_of(run_dir, run.spec)
+    except OrchError as e:
+        raise SystemExit(f"orch-program: error: {e}") from None
+    program["argv"] = start_argv(program["argv"], run.spec.program, start, run_dir)
+    if start.load_dir is not None and os.environ.get("RANK", "0") == "0":
+        print(f"[orch-program] {start.why}: {run.spec.program.load_arg} {start.load_dir}"
+              + (f", {run.spec.program.ds_config_arg} {start.ds_config}" if start.ds_config else ""),
+              file=sys.stderr, flush=True)
+    return run, start
+
+
+def install_telemetry(run_dir: Path, program: dict, run=None, start_step: int = 0):
+    """The wrapper, installed in this interpreter for the run dir (torch is imported here, after the checks);
+    its step numbers continue from ``start_step``."""
     from ..rundir import read_run_dir  # noqa: PLC0415
     from ..telemetry.wrapper import ProgramTelemetry  # noqa: PLC0415
     from ..train.session import resolved_layout, run_constants  # noqa: PLC0415
     from ..train.trainer import STATUS_FILE, write_json  # noqa: PLC0415
 
-    run = read_run_dir(run_dir)
-    telemetry = ProgramTelemetry(run_dir, kind=program.get("kind", "script"), log_format=program.get("log_format"))
+    run = run or read_run_dir(run_dir)
+    telemetry = ProgramTelemetry(run_dir, kind=program.get("kind", "script"), log_format=program.get("log_format"),
+                                 start_step=start_step)
     return telemetry.install(run, resolved_layout(run), run_constants(run, telemetry.world),
                              status=lambda data: write_json(run_dir / STATUS_FILE, data))
 
@@ -62,10 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args[0]).resolve()
     try:
         program = load_program(run_dir)
+        run, start = plan_start(run_dir, program)
     except SystemExit as e:
         print(e.code, file=sys.stderr)
         return EXIT_USAGE
-    telemetry = install_telemetry(run_dir, program)
+    telemetry = install_telemetry(run_dir, program, run, start.step)
     script = program["argv"][0]
     if program.get("cwd"):
         os.chdir(program["cwd"])

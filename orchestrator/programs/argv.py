@@ -1,7 +1,7 @@
 """program.json for a Plan: the argv each rank runs, per program kind (a renderer; the one file it reads is the
 script, for its sha256).
 
-kind script: ``[script, *args, ds_config_arg, {run_dir}/ds_config.json]``, plus, for a Hugging Face Trainer
+kind script: ``[script, *args, ds_config_arg, {run_dir}/ds_config.json, [save_arg, {run_dir}/checkpoints]]``, plus, for a Hugging Face Trainer
 script, the TrainingArguments that agree with ds_config.json (:mod:`.hf_args`). kind megatron-lm:
 ``[checkout/entry, *megatron_args.txt, ...logging]``, run in the checkout. ``{run_dir}`` is filled in at run
 time (orchestrator.programs.substitute_run_dir).
@@ -48,8 +48,16 @@ def script_argv(plan: Plan) -> list[str]:
     from .hf_args import hf_training_args  # noqa: PLC0415
 
     program = plan.spec.program
-    argv = [program.path, *program.args, program.ds_config_arg, f"{RUN_DIR_TOKEN}/ds_config.json"]
+    argv = [program.path, *program.args, program.ds_config_arg, f"{RUN_DIR_TOKEN}/ds_config.json",
+            *save_args(plan.spec)]
     return argv + (hf_training_args(plan) if program.log_format == "hf" else [])
+
+
+def save_args(spec) -> list[str]:
+    """``[save_arg, {run_dir}/<training.checkpoint.dir>]`` when the spec names the script's save flag (the load
+    flag is added at each start that has a checkpoint to load: orchestrator.programs.resume)."""
+    flag = spec.program.save_arg
+    return [flag, f"{RUN_DIR_TOKEN}/{spec.training.checkpoint.dir}"] if flag else []
 
 
 def megatron_program_args(plan: Plan) -> list[str]:
@@ -85,7 +93,8 @@ def program_warnings(plan: Plan) -> list[str]:
         flags = overridden_flags(program.args, megatron_program_args(plan)[:-len(program.args) or None])
         return [f"program.args: {', '.join(flags)} replace what orch derived from the spec (they come last, so "
                 "Megatron-LM uses them); the plan's predictions still assume the spec's values"] if flags else []
-    ours = [program.ds_config_arg, *(hf_training_args(plan) if program.log_format == "hf" else [])]
+    ours = [program.ds_config_arg, *save_args(plan.spec), *([program.load_arg, "DIR"] if program.load_arg else []),
+            *(hf_training_args(plan) if program.log_format == "hf" else [])]
     flags = overridden_flags(program.args, ours)
     if not flags:
         return []

@@ -14,7 +14,8 @@ from ..errors import Problem
 DEFAULT_ENTRY = "pretrain_gpt.py"
 DEFAULT_DS_CONFIG_ARG = "--deepspeed_config"   # deepspeed.add_config_arguments
 HF_DS_CONFIG_ARG = "--deepspeed"               # transformers.TrainingArguments
-KIND_FIELDS = {"megatron-lm": ("megatron_lm", "entry"), "script": ("path", "ds_config_arg"), "orch": ()}
+KIND_FIELDS = {"megatron-lm": ("megatron_lm", "entry"), "script": ("path", "ds_config_arg", "save_arg", "load_arg"),
+               "orch": ()}
 _ENGINE = {"megatron-lm": "megatron", "script": "deepspeed"}
 _KIND_LOG = {"megatron-lm": ("megatron",), "script": ("deepspeed", "hf"), "orch": ()}
 
@@ -75,12 +76,31 @@ def program_problems(spec) -> list[Problem]:
                                 f"use {allowed}"))
     if program.log_format == "hf":
         problems += _hf_trainer_problems(spec)
+    problems += _checkpoint_flag_problems(program)
     want = _ENGINE.get(kind)
     if want and engine != want:
         runs = "Megatron-LM trains with Megatron-Core" if kind == "megatron-lm" else \
             "a script is handed ds_config.json, which DeepSpeed reads"
         problems.append(Problem("training.engine", f"program.kind {kind} needs engine {want}, not {engine} ({runs})",
                                 f"set training.engine: {want}"))
+    return problems
+
+
+def _checkpoint_flag_problems(program) -> list[Problem]:
+    """save_arg and load_arg: two different flags, neither the ds_config flag (each receives its own dir)."""
+    flags = {"save_arg": program.save_arg, "load_arg": program.load_arg, "ds_config_arg": program.ds_config_arg}
+    problems, seen = [], {}
+    for name, flag in flags.items():
+        if flag is not None and flag in seen:
+            problems.append(Problem(f"program.{name}", f"{flag} is program.{seen[flag]} too",
+                                    "each flag receives its own path: give them different names (e.g. --save_dir, "
+                                    "--load_dir, --deepspeed_config)"))
+        elif flag is not None:
+            seen[flag] = name
+    if program.load_arg is not None and program.save_arg is None:
+        problems.append(Problem("program.load_arg", "set without program.save_arg",
+                                "set program.save_arg too: orch resumes from the checkpoints the script saved where "
+                                "orch told it to (RUN_DIR/training.checkpoint.dir)"))
     return problems
 
 

@@ -79,7 +79,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 class ProgramTelemetry:
     """One per rank. ``install()`` before the program runs, ``finish(code)`` after it."""
 
-    def __init__(self, run_dir: str | Path, *, kind: str = "script", log_format: str | None = None):
+    def __init__(self, run_dir: str | Path, *, kind: str = "script", log_format: str | None = None,
+                 start_step: int = 0):
         self.run_dir_path = Path(run_dir)
         self.kind, self.log_format = kind, log_format
         self.rank = int(os.environ.get("RANK", "0"))
@@ -88,7 +89,8 @@ class ProgramTelemetry:
         self.busy = BusyTimer(self.comm)
         self.busy_source = None           # set when DeepSpeed's pipeline instructions are timed
         self._pipe_busy = None
-        self.step = 0
+        self.start_step = start_step      # the checkpoint this start resumes from (orchestrator.programs.resume)
+        self.step = start_step
         self.sinks: list = []
         self.stragglers = None
         self.hosts: list | None = None
@@ -215,8 +217,23 @@ class ProgramTelemetry:
                 telemetry._sources["loss"] = "deepspeed engine.backward(loss), mean over micro-batches"
             return backward(engine, loss, *args, **kwargs)
 
+        def load_checkpoint_(engine, *args, **kwargs):
+            """The steps continue from the step the engine loaded (before the program's first step)."""
+            result = load(engine, *args, **kwargs)
+            loaded = getattr(engine, "global_steps", None)
+            path = result[0] if isinstance(result, tuple) and result else None
+            if path is not None and isinstance(loaded, int) and loaded != telemetry.step and \
+                    telemetry.step == telemetry.start_step:
+                if telemetry.rank == 0:
+                    note(f"the program loaded the checkpoint of step {loaded} ({path}), not of step "
+                         f"{telemetry.step}: its steps are numbered from {loaded + 1}")
+                telemetry.step = telemetry.start_step = loaded
+            return result
+
+        load = engine_cls.load_checkpoint
         engine_cls._take_model_step = _take_model_step
         engine_cls.backward = backward_
+        engine_cls.load_checkpoint = load_checkpoint_
 
     def _patch_pipe(self, module) -> None:
         from deepspeed.runtime.pipe import schedule  # noqa: PLC0415
@@ -426,7 +443,7 @@ class ProgramTelemetry:
 
         run = self.run_dir
         metrics = run.path / METRICS_FILE
-        truncate_metrics(metrics, 0)      # a new start of the program starts at step 1 (its own resume is its own)
+        truncate_metrics(metrics, self.start_step)    # the records up to the checkpoint this start resumes from
         sink = open_wandb_sink(run_dir=run.path, spec=run.spec, spec_data=spec_to_data(run.spec),
                                chosen=run.plan.get("chosen") or {}, layout_tag=self.layout.tag(),
                                engine=f"program:{self.log_format or self.kind}")
@@ -505,8 +522,9 @@ class ProgramTelemetry:
             self.write_status(code, state="preempted" if self.signal_name else None)
             self.close_sinks(code)
             if self.rank == 0:
-                note(f"{self.step} optimizer step(s) observed; telemetry's own time {self.own_s:.4f} s; "
-                     f"metrics: {self.run_dir_path / 'metrics.jsonl'}")
+                after = f" after step {self.start_step}" if self.start_step else ""
+                note(f"{self.step - self.start_step} optimizer step(s) observed{after}; telemetry's own time "
+                     f"{self.own_s:.4f} s; metrics: {self.run_dir_path / 'metrics.jsonl'}")
 
 
 def _leave_groups(wrapper: "ProgramTelemetry") -> None:

@@ -91,7 +91,7 @@ def convert(run_path: str | Path, *, log=print) -> ResumeSource | None:
         log(f"converted checkpoint {out.ckpt_dir / checkpoint.tag_for(out.step)} verifies: reused")
         return out
     src = Path(resume["source_checkpoint"])
-    problem = checkpoint.step_problem(src.parent, out.step)
+    problem = _source_problem(resume, src.parent, out.step)
     if problem:
         raise RuntimeError(f"source checkpoint {src} is unusable: {problem}")
     out.ckpt_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +100,8 @@ def convert(run_path: str | Path, *, log=print) -> ResumeSource | None:
         step_dir = tmp / checkpoint.tag_for(out.step)
         if out.method == "copy":
             shutil.copytree(src, step_dir, ignore=shutil.ignore_patterns(checkpoint.CHECKPOINT_MANIFEST))
+            if resume.get("program") == "script":     # its engine.load_checkpoint(dir) reads the tag from latest
+                (tmp / checkpoint.LATEST).write_text(checkpoint.tag_for(out.step))
         else:
             _ds_to_universal(src, step_dir)
         problem = checkpoint.write_manifest(tmp, out.step) or _universal_problem(src, step_dir, out.method)
@@ -120,7 +122,21 @@ def _own_checkpoint(run_path: Path) -> int | None:
     from ..rundir import read_run_dir  # noqa: PLC0415
 
     run = read_run_dir(run_path)
-    return checkpoint.resume_choice(checkpoint.checkpoint_dir(run.path, run.spec)).step
+    ckpt = checkpoint.checkpoint_dir(run.path, run.spec)
+    if run.spec.program is not None and run.spec.program.kind == "script":
+        from ..programs.checkpoints import newest_step  # noqa: PLC0415
+
+        return newest_step(ckpt)[0]
+    return checkpoint.resume_choice(ckpt).step
+
+
+def _source_problem(resume: dict, ckpt_dir: Path, step: int) -> str | None:
+    """A user script's checkpoint has no orch manifest (orchestrator.programs.checkpoints checks its files)."""
+    if resume.get("program") == "script":
+        from ..programs.checkpoints import step_problem  # noqa: PLC0415
+
+        return step_problem(ckpt_dir, step)
+    return checkpoint.step_problem(ckpt_dir, step)
 
 
 def _ds_to_universal(src: Path, out: Path) -> None:
