@@ -16,7 +16,6 @@ from .errors import Problem, SpecError
 from .estimate.comm import group_placement, shard_placements
 from .estimate.cost import CostModel
 from .estimate.plausibility import mfu_warnings
-from .estimate.precision import FP8_RECIPE
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
 from .estimate.to_train import short_amount, to_train
 from .estimate.uncertainty import plus_minus
@@ -62,21 +61,11 @@ class _Scored:
     overflow: float          # worst of GPU bytes / capacity and host bytes / host capacity (fits: <= 1)
 
 
-def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
-           engine_version: str | None = None, ep_a2a_overlap: bool = True,
-           fp8_recipe: str = FP8_RECIPE, distribute_saved_activations: bool = False,
-           dropout: float = 0.0, loss: str | None = None, shape_fields: dict | None = None) -> SearchResult:
+def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None) -> SearchResult:
     """Rank the layouts of ``spec`` within the headroom, else (with a warning) those within the capacity;
-    NoFitError when none fits the capacity. ``engine_version``: the DeepSpeed
-    release a published run used (EstimateContext.engine_version); None: the one orch writes for.
-    ``ep_a2a_overlap``: False for a published run without Megatron's EP all-to-all overlap; ``fp8_recipe``: the
-    FP8 scaling recipe a published run used (default: the one orch writes); ``distribute_saved_activations``:
-    True for a published run that kept its full-recompute checkpoints split over the tp ranks (orch does not
-    emit the flag); ``dropout``: the dropout probability a published run trained with (orch trains without);
-    ``loss``: the cross entropy a published run used (None: what orch's engine trains with); ``shape_fields``: model
-    features a published run states beyond its spec, its attention kernel among them (EstimateContext.of)."""
-    ctx = EstimateContext.of(spec, cost, engine_version, ep_a2a_overlap, fp8_recipe, distribute_saved_activations,
-                             dropout, loss, shape_fields)
+    NoFitError when none fits the capacity. Everything the estimate reads comes from the spec
+    (EstimateContext.of)."""
+    ctx = EstimateContext.of(spec, cost)
     rejected: list[Problem] = []
     scored = list(_scored_layouts(ctx, enumerate_layouts(spec, rejected)))
     if not scored:

@@ -72,10 +72,6 @@ from orchestrator.spec import Spec
 from orchestrator.spec_loader import parse_spec
 from orchestrator.stages import balanced_split
 
-# Micro-batch sizes tried for a published layout that does not state one: the powers of two the paper's
-# own micro-batch study explores (Narayanan et al. 2021, section 5.4.2).
-PLAUSIBLE_MICRO_BATCHES = (1, 2, 4, 8)
-
 GPU_KEYS = {"A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb", "H100-SXM5-80GB": "h100-sxm"}
 
 # ModelSpec fields a case's "model" may state beyond its shape (defaults: GPT-2/3 style, as Table 1).
@@ -493,8 +489,22 @@ def load_cases(path: str | Path, kind: str | None = None) -> list[dict]:
 
 def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
     """A spec for a throughput case; the published layout fixed, or every parallelism field open."""
+    return parse_spec(throughput_spec_data(case, published_layout=published_layout))
+
+
+# training.attention_impl / cross_entropy_impl as a spec names the kernels a case's evidence names
+SPEC_ATTENTION = {"fa2": "flash_attn_2", "flash_attn_triton": "flash_attn_triton"}
+SPEC_LOSS = {"vocab_parallel": "vocab_parallel", "torch": "torch", "xentropy": "flash_attn_xentropy"}
+ENGINE_LOSS = {"megatron": "vocab_parallel", "deepspeed": "torch"}
+
+
+def throughput_spec_data(case: dict, *, published_layout: bool = True) -> dict:
+    """The spec of a throughput case as data: its shape, cluster and batch, the software it ran (release,
+    dropout, loss, attention kernel, layer code: the case's evidence, module doc) and, with
+    ``published_layout``, the layout its source fixed (micro-batch and interleaving where it states them)."""
     m, c, pub = case["model"], case["cluster"], case["published"]
     gpn = c["gpus_per_node"]
+    engine = case_engine(case)
     data = {
         "name": case["id"].replace(".", "_")[:64],
         "model": {"num_layers": m["layers"], "hidden_size": m["hidden"], "num_attention_heads": m["heads"],
@@ -502,8 +512,20 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
                   **{k: m[k] for k in MODEL_SPEC_KEYS if k in m}},
         "cluster": {"gpu": GPU_KEYS[c["gpu_type"]], "num_nodes": c["gpus"] // gpn, "gpus_per_node": gpn},
         "training": {"global_batch_size": case["global_batch"], "precision": pub.get("precision", "fp16"),
-                     "engine": case_engine(case)},
+                     "engine": engine},
     }
+    if case_dropout(case):
+        data["model"].update(hidden_dropout=case_dropout(case), attention_dropout=case_dropout(case))
+    if case_engine_version(case):
+        data["training"]["engine_version"] = case_engine_version(case)
+    if case_loss(case) != ENGINE_LOSS[engine]:
+        data["training"]["cross_entropy_impl"] = SPEC_LOSS[case_loss(case)]
+    if case_attention(case) != "catalog":
+        data["training"]["attention_impl"] = SPEC_ATTENTION[case_attention(case)]
+    if pub.get("layer_impl"):
+        data["training"]["layer_impl"] = pub["layer_impl"]
+    if pub.get("eager_norm"):
+        data["training"]["eager_norm"] = True
     if c.get("nic_Gbps_per_node"):
         data["cluster"]["inter_node_bandwidth_GBps"] = nic_share_GBps(c["nic_Gbps_per_node"], gpn)
     if published_layout:
@@ -514,13 +536,15 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
             data["parallelism"]["micro_batch_size"] = pub["micro_batch"]
         if pub.get("vpp"):         # software without interleaving (Megatron-LM before 2021-02) states vpp 1
             data["parallelism"]["virtual_pipeline"] = pub["vpp"]
+        if pub.get("distribute_saved_activations"):
+            data["parallelism"]["distribute_saved_activations"] = True
         # DeepSpeed places the balanced uneven split; Megatron's planner also weighs counting the embedding
         # and the loss in the split (which allows interleaving), so the split is left to it.
-        split = (balanced_split(m["layers"], pub["pp"]) if m["layers"] % pub["pp"] and case_engine(case) == "deepspeed"
+        split = (balanced_split(m["layers"], pub["pp"]) if m["layers"] % pub["pp"] and engine == "deepspeed"
                  else None)
         if split is not None:
             data["parallelism"].update(first_stage_layers=split[0], last_stage_layers=split[1])
-    return parse_spec(data)
+    return data
 
 
 def nic_share_GBps(nic_Gbps_per_node: float, gpus_per_node: int) -> float:
@@ -600,31 +624,10 @@ def case_regime(case: dict) -> str:
     return regime_of(case_engine(case), GPU_KEYS.get(case["cluster"]["gpu_type"], "cpu"), pub["pp"], pub["zero_stage"])
 
 
-def _preferred(est) -> tuple:
-    return not est.memory.within_headroom, est.step_time_s
-
-
 def published_estimate(case: dict, cost=None):
-    """The published layout with the most plausible unpublished fields: for each micro-batch size of
-    PLAUSIBLE_MICRO_BATCHES that divides the batch (only the published one, when there is one), the
-    planner picks the interleaving; the fastest layout within the planner's headroom wins, else (as the planner
-    falls back) the fastest within the GPU's capacity. Returns a LayoutEstimate (NoFitError if none fits)."""
-    from orchestrator.errors import SpecError
-    from orchestrator.planner import search
+    """The case's spec (:func:`throughput_spec`) planned as ``orch plan`` plans it: the published layout fixed,
+    what the source does not state (micro-batch, interleaving) chosen by the planner. Returns the chosen
+    LayoutEstimate (NoFitError if nothing fits)."""
+    from orchestrator.planner import search  # noqa: PLC0415
 
-    best, last_error = None, None
-    for mb in [case["published"]["micro_batch"]] if case["published"].get("micro_batch") else PLAUSIBLE_MICRO_BATCHES:
-        try:
-            spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
-            est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case),
-                         distribute_saved_activations=bool(case["published"].get("distribute_saved_activations")),
-                         dropout=case_dropout(case), loss=case_loss(case),
-                         shape_fields=case_shape_fields(case)).chosen
-        except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
-            last_error = e
-            continue
-        if best is None or _preferred(est) < _preferred(best):
-            best = est
-    if best is None:
-        raise last_error
-    return best
+    return search(throughput_spec(case), top_k=1, cost=cost).chosen

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..layout import padded_vocab_size
+from ..layout import engine_of, padded_vocab_size
 from ..spec import Spec
 from ..stages import StageSplit, stage_split
 
@@ -140,7 +140,30 @@ def model_shape(spec: Spec) -> ModelShape:
             num_experts=m.moe.num_experts, router_topk=m.moe.router_topk, expert_ffn=m.moe.ffn_hidden_size,
             shared_ffn=m.moe.shared_expert_ffn_hidden_size, first_dense_layers=m.moe.first_dense_layers,
             capacity_factor=m.moe.capacity_factor),
-        **_dropout_fields(spec), **_recompute_fields(spec))
+        **_dropout_fields(spec), **_recompute_fields(spec), **_software_fields(spec))
+
+
+# training.attention_impl / cross_entropy_impl as the cost model names them (attention.py ATTENTION_IMPLS,
+# activations.py LOSS_IMPLS).
+ATTENTION_IMPL_OF = {"flash_attn_2": "fa2", "flash_attn_triton": "flash_attn_triton"}
+LOSS_IMPL_OF = {"vocab_parallel": "vocab_parallel", "torch": "torch", "flash_attn_xentropy": "xentropy"}
+
+
+def default_loss(engine: str) -> str:
+    """The cross entropy orch's runs train with: Megatron-Core's vocab-parallel cross entropy (render/megatron.py
+    writes no --cross-entropy-loss-fusion; the native fusion keeps the same buffers), the reference trainer's
+    torch cross entropy on DeepSpeed (train/model.py lm_loss). estimate/activations.py LOSS_IMPLS."""
+    return "torch" if engine == "deepspeed" else "vocab_parallel"
+
+
+def _software_fields(spec: Spec) -> dict:
+    """What the run's software does that changes the cost (spec fields; null: what orch's engine writes)."""
+    m, t = spec.model, spec.training
+    return {"loss": LOSS_IMPL_OF[t.cross_entropy_impl] if t.cross_entropy_impl else default_loss(engine_of(spec)),
+            "attention": ATTENTION_IMPL_OF[t.attention_impl] if t.attention_impl else "catalog",
+            "fused_rope": m.rope_fusion is not False, "glu_clamp": m.activation_func_clamp_value,
+            "router_force_balance": bool(m.moe and m.moe.router_force_load_balancing),
+            "layer_impl": t.layer_impl or "megatron_core", "eager_norm": bool(t.eager_norm)}
 
 
 def _dropout_fields(spec: Spec) -> dict:
