@@ -99,8 +99,11 @@ GROUP_SOURCES = {"cpu": "CPU runs of tests/data/cpu-measured.json",
                  "h100_layouts": "published H100 runs of tests/data/published-moe-cp-fp8.json"}
 
 
-def regime_rows(runs: list[dict], planned: dict) -> list[dict]:
-    """Predicted vs published (or measured) tokens/s of every run; the regime is the chosen layout's."""
+def regime_rows(runs: list[dict] | None = None, planned: dict | None = None) -> list[dict]:
+    """Predicted vs published (or measured) tokens/s of every run (default: all of published-runs.yaml, planned
+    here); the regime is the chosen layout's."""
+    runs = load_runs() if runs is None else runs
+    planned = planned or {run["id"]: plan_run(run) for run in runs}
     rows = []
     for run in runs:
         chosen = planned[run["id"]][1].chosen

@@ -117,11 +117,12 @@ class ModelSpec:
     moe: Optional[MoESpec] = spec_field(None, doc="Mixture-of-Experts; null: a dense model", omit_if_none=True)
     hidden_dropout: Optional[float] = spec_field(
         None, doc="dropout probability of the hidden state (embedding and both residual branches; Megatron's "
-        "--hidden-dropout); null = 0.0, what orch's own runs train with; engine megatron only when > 0",
+        "--hidden-dropout); null = 0.0, what orch's own runs train with; > 0 is generated for engine megatron "
+        "(orch plan predicts it on deepspeed, orch generate refuses it there)",
         minimum=0, exclusive_maximum=1, omit_if_none=True)
     attention_dropout: Optional[float] = spec_field(
         None, doc="dropout probability of the attention probabilities (Megatron's --attention-dropout); "
-        "null = 0.0; engine megatron only when > 0", minimum=0, exclusive_maximum=1, omit_if_none=True)
+        "null = 0.0; > 0 is generated for engine megatron only", minimum=0, exclusive_maximum=1, omit_if_none=True)
     rope_fusion: Optional[bool] = spec_field(
         None, doc="apply rotary positions with Megatron-Core's fused kernel; false = --no-rope-fusion (the unfused "
         "ops Megatron-Core falls back to for a YaRN RoPE); null = true; engine megatron, position_embedding rope",

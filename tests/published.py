@@ -1,10 +1,12 @@
-"""Published training runs as specs the cost model can be checked (and later calibrated) against.
+"""Published training runs: their sources, figures and evidence, and the orch spec each one is.
 
 A reference file (``tests/data/published-cases.json``, a copy of the shared references) lists cases with
-a model shape, a cluster, a global batch and the published layout and figures. :func:`throughput_spec`
-turns a throughput case into a :class:`~orchestrator.spec.Spec`; with ``published_layout=True`` the
-spec fixes what the paper fixed, and leaves open what it did not publish (micro-batch size and the
-interleaving degree), for the planner to choose.
+a model shape, a cluster, a global batch and the published layout and figures. :func:`throughput_spec_data`
+writes a throughput case as orch spec data, every property of its run in a spec field (what follows says
+which, and why); with ``published_layout=True`` the spec fixes what the paper fixed, and leaves open what it
+did not publish (micro-batch size and the interleaving degree), for the planner to choose.
+tests/tools/published_specs.py writes those specs to tests/data/published-specs/, which benchmarks/accuracy.py
+plans as ``orch plan`` does (docs/published-specs.md).
 
 Narayanan et al. 2021, Table 1 runs are modelled as the software of the time ran them: Megatron-LM with
 fp16 mixed precision, no fused (flash) attention, no sequence parallelism, full activation recomputation,

@@ -6,9 +6,9 @@ optimizer, ZeRO-1), and the tokens/s per GPU reported. What the tables do not pu
 tensor parallelism; micro-batch and virtual stages where a case has them null) stays open for the planner.
 A case with no preset names its shape in ``model`` (spec model fields; the BF16 runs of Megatron-LM's README). Sources are in each case's ``source``; a case whose
 recipe ran without Megatron's EP all-to-all overlap (which orch generates wherever it can) says so
-(``ep_a2a_overlap: false``) and is predicted that way (:func:`predicted_layout`); so does a MoE case whose
+(``ep_a2a_overlap: false``; its spec: parallelism.overlap_moe_expert_parallel_comm false); so does a MoE case whose
 recipe used another FP8 scaling recipe than the delayed scaling orch writes (``fp8_recipe: "tensorwise"``,
-NVIDIA's "FP8-CS"), which the model reads for the experts' host launches.
+NVIDIA's "FP8-CS"; training.fp8_recipe), which the model reads for the experts' host launches.
 
 Dropout (``dropout``, the cost model's ``ModelShape.dropout``): 0 unless a case states otherwise with its evidence
 in ``dropout_source``. The Llama, Qwen3 and gpt-oss model providers of NeMo and Megatron-Bridge set
@@ -17,8 +17,8 @@ LlamaModelProvider, qwen_provider.py Qwen3MoEModelProvider, gpt_oss/gpt_oss_prov
 Framework Launcher llama/llama2_7b.yaml); NeMo's GPT-3 175B config and the GPT rows of Megatron-LM's README keep
 0.1, and say so.
 
-Model features a spec cannot state (``fused_rope``, ``glu_clamp``, ``recompute_modules``: the cost model's
-ModelShape fields of those names, estimate/eager_ops.py) are case keys, for gpt-oss-120b: its YaRN RoPE (factor 32,
+Model features (``fused_rope``, ``glu_clamp``, ``recompute_modules``: spec fields model.rope_fusion,
+model.activation_func_clamp_value and parallelism.recompute_modules with recompute selective) are case keys, for gpt-oss-120b: its YaRN RoPE (factor 32,
 so an attention factor 1.35) runs unfused in Megatron-Core (``fused_rope`` false), its experts' activation clamps
 at 7.0 (``glu_clamp``; Megatron-Bridge: position_embedding_type yarn, yarn_rotary_scaling_factor 32, yarn_mscale
 None, activation_func_clamp_value 7.0, add_bias_linear, in gpt_oss_provider.py GPTOSSProvider at the 25.11 commit

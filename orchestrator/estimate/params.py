@@ -66,15 +66,14 @@ class ModelShape:
     # The cross-entropy implementation the run's loss goes through (estimate/activations.py LOSS_IMPLS: what it
     # keeps of the logits for the backward; estimate/compute.py head_time_s: its memory traffic). orch's
     # Megatron runs: Megatron-Core's vocab-parallel cross entropy; orch's DeepSpeed runs: the reference
-    # trainer's torch cross entropy (step.py default_loss); a published run states its own (tests/published.py
-    # case_loss).
+    # trainer's torch cross entropy (default_loss); training.cross_entropy_impl names another.
     loss: str = "vocab_parallel"
     # The fused attention kernel (estimate/attention.py ATTENTION_IMPLS: its measured rate by head dimension and
-    # sequence length, or the GPU's catalog figure). orch's own runs: "catalog"; a published run states its own
-    # (tests/published.py case_attention).
+    # sequence length, or the GPU's catalog figure). orch's own runs: "catalog"; training.attention_impl names
+    # another.
     attention: str = "catalog"
-    # Features Megatron-Core runs with extra eager kernels (estimate/eager_ops.py); orch's specs cannot state
-    # them, a published run does (tests/published_layouts.py layout_case_shape_fields). ``fused_rope`` False: RoPE with
+    # Features Megatron-Core runs with extra eager kernels (estimate/eager_ops.py): model.rope_fusion,
+    # model.activation_func_clamp_value, parallelism.recompute_modules. ``fused_rope`` False: RoPE with
     # a YaRN attention factor, which Megatron-Core applies unfused; ``glu_clamp``: the experts' gated activation
     # clamps its inputs at this value first; ``recompute_modules``: Megatron's --recompute-modules beyond core
     # attention ("layernorm", "moe_act"), recomputed on top of the layout's recompute unless that is full.
@@ -89,11 +88,11 @@ class ModelShape:
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
     # A benchmark run that forced balanced routing (Megatron's --moe-router-force-load-balancing: random router
-    # logits), which a published run states (estimate/moe.py random_routing_imbalance); orch's runs train their
-    # router.
+    # logits; model.moe.router_force_load_balancing; estimate/moe.py random_routing_imbalance); orch's runs train
+    # their router.
     router_force_balance: bool = False
-    # Layer code in eager PyTorch instead of Megatron-Core's fused kernels (estimate/eager_ops.py); orch's specs
-    # cannot state it, a published run does (tests/published.py case_shape_fields). ``layer_impl`` "torchtitan_llama":
+    # Layer code in eager PyTorch instead of Megatron-Core's fused kernels (estimate/eager_ops.py; training.layer_impl
+    # and training.eager_norm). ``layer_impl`` "torchtitan_llama":
     # torchtitan's Llama layer (complex RoPE, silu * mul, separate projections); ``eager_norm``: its norms are
     # torchtitan's eager RMSNorm (norm_type "rmsnorm") rather than a fused kernel.
     layer_impl: str = "megatron_core"
