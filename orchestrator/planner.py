@@ -13,6 +13,7 @@ from typing import Iterator
 
 from .catalog.gpus import GPUS
 from .errors import Problem, SpecError
+from .generate_rules import generate_problems
 from .estimate.comm import group_placement, shard_placements
 from .estimate.cost import CostModel
 from .estimate.plausibility import mfu_warnings
@@ -80,9 +81,16 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None) -> Sear
     best_overall = min(scored, key=lambda s: (s.step_time_s, s.total_bytes))
     warnings = headroom_warning(spec, ctx, ranked[0]) + plausibility(ctx, ranked[0])
     reasons = (explain(ctx, ranked, best_overall, len(scored), len(fitting)) + fp8_hint(spec, cost, ranked[0])
-               + warnings)
+               + warnings + _generate_note(spec))
     return SearchResult(chosen=ranked[0], candidates=ranked, num_considered=len(scored),
                         num_fitting=len(fitting), reasons=reasons, warnings=warnings)
+
+
+def _generate_note(spec: Spec) -> list[str]:
+    """One line naming the fields orch generate refuses (software orch does not write), if any."""
+    paths = [p.path for p in generate_problems(spec)]
+    return [f"software: predicted as specified, but orch generate refuses {', '.join(paths)} (software orch does "
+            "not write; orch validate says why)"] if paths else []
 
 
 def with_to_train(spec: Spec, est: LayoutEstimate) -> LayoutEstimate:

@@ -114,3 +114,11 @@ def test_fp8_tensorwise_allows_the_recompute_modules_delayed_scaling_refuses():
         parse_spec(spec_data(**base))
     spec = parse_spec(spec_data(**base, **{"training.fp8_recipe": "tensorwise"}))
     assert layout_from_spec(spec).recompute == "selective"
+
+
+def test_plan_says_which_fields_generate_would_refuse():
+    from orchestrator.planner import search  # noqa: PLC0415
+
+    note = [r for r in search(_published("glm_130b"), top_k=1).reasons if r.startswith("software:")]
+    assert len(note) == 1 and "training.engine_version" in note[0] and "model.hidden_dropout" in note[0]
+    assert not any(r.startswith("software:") for r in search(_published("opt_175b"), top_k=1).reasons)
