@@ -618,14 +618,6 @@ def case_recompute(case: dict) -> str:
     return str(case["published"]["recompute"]).split()[0]
 
 
-def case_regime(case: dict) -> str:
-    """The accuracy regime a case belongs to (benchmarks/accuracy.py reports error per regime)."""
-    from orchestrator.estimate.uncertainty import regime_of  # noqa: PLC0415
-
-    pub = case["published"]
-    return regime_of(case_engine(case), GPU_KEYS.get(case["cluster"]["gpu_type"], "cpu"), pub["pp"], pub["zero_stage"])
-
-
 def published_estimate(case: dict, cost=None):
     """The case's spec (:func:`throughput_spec`) planned as ``orch plan`` plans it: the published layout fixed,
     what the source does not state (micro-batch, interleaving) chosen by the planner. Returns the chosen
