@@ -1,25 +1,18 @@
-"""Cost-model accuracy against Narayanan et al. 2021 (SC21, arXiv 2104.04473), Table 1.
+"""Cost-model accuracy, scored from specs: every published (and measured) run is an orch spec.
 
-For each row the published layout (tp, pp, dp; full recompute; no ZeRO; no sequence parallelism; no
-flash attention, as Megatron-LM ran in 2021) is fixed; the paper does not publish the micro-batch size or
-the interleaving degree: micro-batch sizes 1, 2, 4, 8 (the paper's own micro-batch study) are tried,
-the planner picks the interleaving, and the fastest layout that fits is taken. The predicted TFLOP/s per GPU counts
-recompute FLOPs, as the paper's eq. 3 does (hardware FLOPs). Prints case, published, predicted, error %,
-the planner's own choice with every field open, and the mean absolute error (target: under 10%).
+The runs are tests/data/published-specs/<id>.yaml, listed with their published figure as tokens/s in
+tests/data/published-runs.yaml (both written by tests/tools/published_specs.py from the published tables). Each spec
+is planned as ``orch plan SPEC`` plans it (load_spec, then build_plan): the published layout fixed, what the
+source does not state (micro-batch size, interleaving) chosen by the planner, the software the run used in its
+spec fields (training.engine_version, model.hidden_dropout, training.cross_entropy_impl, ...).
 
-Table 1 gives no iteration times; the implied one (eq. 3 FLOPs / (published TFLOP/s x GPUs)) is printed.
-
-Then, labelled "not in the reference file" and outside the error statistics, published runs from
-:data:`tests.published.EXTRA_CASES` (BLOOM-176B: 70 layers on pp 12, an uneven 5 + 10 x 6 + 5
-split; MT-NLG 530B; Table 2's 530B ZeRO-3 rows; GPT-NeoX-20B), predicted the same way without tuning anything;
-the error is that of the step time the published TFLOP/s imply in the source's own FLOPs convention
-(tests.published.published_step_s).
-
-Last, the error of tokens/s per regime (orchestrator.estimate.uncertainty.REGIMES) over every throughput
-run: all of the reference file (Table 1, the Table 2 ZeRO-3 rows, ...), the extra published runs and the
-CPU runs measured on this kind of machine, idle (tests/data/cpu-measured.json, each with its source). A published run's tokens/s is
-implied by its TFLOP/s and eq. 3's FLOPs. ``--write`` stores the per-regime figures in
-orchestrator/estimate/residuals.py, the basis of every LAYOUT's ``uncertainty``.
+First Narayanan et al. 2021 (SC21, arXiv 2104.04473), Table 1: case, published TFLOP/s per GPU, predicted (hardware
+FLOPs, recompute counted, as the paper's eq. 3), error, the layout taken, the iteration time the published TFLOP/s
+imply, and the planner's own choice with every parallelism field open (target: mean absolute error under 10%).
+Then, printed only, the group "extra" (BLOOM-176B, MT-NLG 530B, Table 2's 530B ZeRO-3 rows, GPT-NeoX-20B, OPT,
+torchtitan, llm-foundry, ...): the error of the step time the published figure implies. Last, the error of
+tokens/s per regime (orchestrator.estimate.uncertainty.REGIMES) over every run. ``--write`` stores the per-regime
+figures in orchestrator/estimate/residuals.py, the basis of every LAYOUT's ``uncertainty``.
 """
 from __future__ import annotations
 
@@ -31,97 +24,93 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import yaml  # noqa: E402
+
 from orchestrator.estimate.flops import narayanan_flops  # noqa: E402
-from orchestrator.planner import search  # noqa: E402
 from orchestrator.estimate.uncertainty import REGIMES  # noqa: E402
 from orchestrator.plan import build_plan  # noqa: E402
-from tests.published import (EXTRA_CASES, case_dropout, case_loss, case_regime, case_shape_fields,  # noqa: E402
-                                    load_cases, published_estimate, published_step_s, throughput_spec)
-from orchestrator.spec_loader import parse_spec  # noqa: E402
+from orchestrator.spec import read_spec_data  # noqa: E402
+from orchestrator.spec_loader import load_spec, parse_spec  # noqa: E402
 from orchestrator.stages import stage_split  # noqa: E402
 
-CASES = ROOT / "tests" / "data" / "published-cases.json"
-CPU_MEASURED = ROOT / "tests" / "data" / "cpu-measured.json"
-LAYOUT_CASES = ROOT / "tests" / "data" / "published-moe-cp-fp8.json"
+DATA = ROOT / "tests" / "data"
+RUNS = DATA / "published-runs.yaml"
 RESIDUALS = ROOT / "orchestrator" / "estimate" / "residuals.py"
 TARGET_MAE = 0.10
 
 
+def load_runs() -> list[dict]:
+    """tests/data/published-runs.yaml: each run's spec path (relative to tests/data), reference tokens/s, group."""
+    return yaml.safe_load(RUNS.read_text())
+
+
+def plan_run(run: dict):
+    """The run's spec planned as `orch plan SPEC` plans it: (spec, Plan)."""
+    spec = load_spec(DATA / run["spec"])
+    return spec, build_plan(spec, top_k=1)
+
+
+def open_plan(run: dict):
+    """The run's spec with every parallelism field open, planned (the planner's own choice)."""
+    data = read_spec_data(DATA / run["spec"])
+    data.pop("parallelism", None)
+    return build_plan(parse_spec(data), top_k=1)
+
+
 def main() -> int:
-    rows = [c for c in load_cases(CASES, "throughput") if c["id"].startswith("narayanan2021_t1_")]
+    runs = load_runs()
+    planned = {run["id"]: plan_run(run) for run in runs}
     header = (f"{'case':<24} {'published':>9} {'predicted':>9} {'error':>7}  {'layout (mb, vpp chosen)':<28} "
               f"{'implied iter s':>14} {'predicted s':>11}  {'planner (all open)':<28} {'speed-up':>8}")
     print(header)
     print("-" * len(header))
     errors = []
-    for case in rows:
-        pub = case["published"]
-        est = published_estimate(case)
-        gpus = case["cluster"]["gpus"]
-        predicted = est.flops.hardware_flops / (est.step_time_s * gpus) / 1e12
-        err = predicted / pub["tflops_per_gpu"] - 1
+    for run in (r for r in runs if r["group"] == "narayanan2021_table1"):
+        spec, plan = planned[run["id"]]
+        chosen, pub = plan.chosen, run["published"]["tflops_per_gpu"]
+        predicted = chosen["hardware_flops_per_step"] / (chosen["step_time_s"] * spec.world_size) / 1e12
+        err = predicted / pub - 1
         errors.append(abs(err))
-        m = case["model"]
-        flops = narayanan_flops(case["global_batch"], m["seq_len"], m["layers"], m["hidden"], m["vocab"])
-        implied = flops / (pub["tflops_per_gpu"] * 1e12 * gpus)
-        own = search(throughput_spec(case, published_layout=False), top_k=1, dropout=case_dropout(case),
-                     loss=case_loss(case), shape_fields=case_shape_fields(case)).chosen
-        print(f"{case['id'].removeprefix('narayanan2021_t1_'):<24} {pub['tflops_per_gpu']:9.1f} {predicted:9.1f} "
-              f"{err:+7.1%}  {est.layout.tag():<28} {implied:14.2f} {est.step_time_s:11.2f}  "
-              f"{own.layout.tag() + ' ' + own.layout.recompute:<28} {est.step_time_s / own.step_time_s:7.2f}x")
+        m = spec.model
+        flops = narayanan_flops(spec.training.global_batch_size, m.seq_length, m.num_layers, m.hidden_size,
+                                m.vocab_size)
+        implied = flops / (pub * 1e12 * spec.world_size)
+        own = open_plan(run)
+        print(f"{run['id'].removeprefix('narayanan2021_t1_'):<24} {pub:9.1f} {predicted:9.1f} "
+              f"{err:+7.1%}  {plan.layout.tag():<28} {implied:14.2f} {chosen['step_time_s']:11.2f}  "
+              f"{own.layout.tag() + ' ' + own.layout.recompute:<28} "
+              f"{chosen['step_time_s'] / own.chosen['step_time_s']:7.2f}x")
     mae = sum(errors) / len(errors)
     print(f"\nmean absolute error over {len(errors)} rows: {mae:.1%} (target < {TARGET_MAE:.0%}); "
           f"worst {max(errors):.1%} (test tolerance 15%)")
-    print_extra_cases()
-    table = residual_table(regime_rows())
+    print_extra_cases([r for r in runs if r["group"] == "extra"], planned)
+    table = residual_table(regime_rows(runs, planned))
     print_regimes(table)
     if "--write" in sys.argv[1:]:
         write_residuals(table)
     return 0 if mae < TARGET_MAE else 1
 
 
-def case_source(case: dict) -> str:
-    return case["source"].split(",")[0].split(" (")[0].strip()
+def case_source(source: str) -> str:
+    return source.split(",")[0].split(" (")[0].strip()
 
 
-def published_row(case: dict) -> dict:
-    """Predicted vs published tokens/s of a published throughput run (its layout fixed)."""
-    est = published_estimate(case)
-    tokens = case["global_batch"] * case["model"]["seq_len"]
-    return {"id": case["id"], "regime": case_regime(case), "predicted": est.tokens_per_s,
-            "reference": tokens / published_step_s(case), "source": case_source(case)}
+GROUP_SOURCES = {"cpu": "CPU runs of tests/data/cpu-measured.json",
+                 "h100_layouts": "published H100 runs of tests/data/published-moe-cp-fp8.json"}
 
 
-def measured_rows() -> list[dict]:
-    """CPU runs measured here: the spec (its layout fixed) planned as orch plan would, vs the median."""
-    if not CPU_MEASURED.exists():
-        return []
+def regime_rows(runs: list[dict] | None = None, planned: dict | None = None) -> list[dict]:
+    """Predicted vs published (or measured) tokens/s of every run (default: all of published-runs.yaml, planned
+    here); the regime is the chosen layout's."""
+    runs = load_runs() if runs is None else runs
+    planned = planned or {run["id"]: plan_run(run) for run in runs}
     rows = []
-    for run in json.loads(CPU_MEASURED.read_text()):
-        chosen = build_plan(parse_spec(run["spec"])).chosen
+    for run in runs:
+        chosen = planned[run["id"]][1].chosen
         rows.append({"id": run["id"], "regime": chosen["uncertainty"]["regime"], "predicted": chosen["tokens_per_s"],
-                     "reference": run["measured"]["tokens_per_s_median"],
-                     "source": "CPU runs of tests/data/cpu-measured.json"})
+                     "reference": run["reference_tokens_per_s"],
+                     "source": GROUP_SOURCES.get(run["group"]) or case_source(run["source"])})
     return rows
-
-
-def layout_case_rows() -> list[dict]:
-    """Published MoE / context-parallel / FP8 H100 runs (tests/data/published-moe-cp-fp8.json), planned
-    with their layouts fixed as published (and their EP overlap as run); the regime is the chosen layout's."""
-    from tests.published_layouts import load_layout_cases, predicted_layout  # noqa: PLC0415
-
-    rows = []
-    for case in load_layout_cases(LAYOUT_CASES):
-        chosen = predicted_layout(case)
-        rows.append({"id": case["id"], "regime": chosen["uncertainty"]["regime"], "predicted": chosen["tokens_per_s"],
-                     "reference": case["tokens_per_s_per_gpu"] * case["gpus"],
-                     "source": "published H100 runs of tests/data/published-moe-cp-fp8.json"})
-    return rows
-
-
-def regime_rows() -> list[dict]:
-    cases = [c for c in load_cases(CASES, "throughput")] + list(EXTRA_CASES)
-    return [published_row(c) for c in cases] + measured_rows() + layout_case_rows()
 
 
 def residual_table(rows: list[dict]) -> dict:
@@ -160,20 +149,20 @@ def write_residuals(table: dict) -> None:
     print(f"wrote {RESIDUALS.relative_to(ROOT)}")
 
 
-def print_extra_cases() -> None:
+def print_extra_cases(runs: list[dict], planned: dict) -> None:
     """Published runs not in the reference file: printed, not scored."""
     print("\nnot in the reference file (printed only; no tolerance, nothing tuned):")
-    for case in EXTRA_CASES:
-        pub = case["published"]
-        est = published_estimate(case)
-        lay = est.layout
-        split = stage_split(case["model"]["layers"], lay.pp, lay.first_stage_layers, lay.last_stage_layers)
-        # the published figure's own FLOPs convention (eq. 3 unless the case states its own)
-        err = published_step_s(case) / est.step_time_s - 1
-        print(f"{case['id']:<38} {pub['tflops_per_gpu']:9.1f} {pub['tflops_per_gpu'] * (1 + err):9.1f} {err:+7.1%}  "
-              f"{lay.tag():<28} stage layers {split.describe()}; model FLOPs {est.tflops_per_gpu:.1f} TFLOP/s "
-              f"per GPU, {est.step_time_s:.1f} s/step, busiest memory: {est.memory.stage} stage "
-              f"{est.memory.total_bytes / 2**30:.1f} GiB")
+    for run in runs:
+        spec, plan = planned[run["id"]]
+        chosen, lay, pub = plan.chosen, plan.layout, run["published"]["tflops_per_gpu"]
+        split = stage_split(spec.model.num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
+        # the published figure's own FLOPs convention (eq. 3 unless the source counts its own way)
+        err = chosen["tokens_per_s"] / run["reference_tokens_per_s"] - 1
+        mem = chosen["memory"]
+        print(f"{run['id']:<38} {pub:9.1f} {pub * (1 + err):9.1f} {err:+7.1%}  "
+              f"{lay.tag():<28} stage layers {split.describe()}; model FLOPs {chosen['tflops_per_gpu']:.1f} TFLOP/s "
+              f"per GPU, {chosen['step_time_s']:.1f} s/step, busiest memory: {mem['stage']} stage "
+              f"{mem['total_bytes'] / 2**30:.1f} GiB")
 
 
 if __name__ == "__main__":

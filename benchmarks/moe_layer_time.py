@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.estimate.layer import LayerKey, rank_layer  # noqa: E402
 from orchestrator.estimate.moe import moe_host_s  # noqa: E402
 from orchestrator.estimate.step import EstimateContext  # noqa: E402
-from tests.published_layouts import (case_fp8_recipe, layout_case_spec, load_layout_cases,  # noqa: E402
+from tests.published_layouts import (layout_case_spec, load_layout_cases,  # noqa: E402
                                             predicted_layout)
 
 CASES = ROOT / "tests" / "data" / "published-moe-cp-fp8.json"
@@ -33,7 +33,7 @@ def layer_row(case: dict) -> dict:
     """Milliseconds per layer and micro-batch for one MoE case: published, predicted, model layer, host."""
     chosen = predicted_layout(case)
     spec = layout_case_spec(case)
-    ctx = EstimateContext.of(spec, fp8_recipe=case_fp8_recipe(case))
+    ctx = EstimateContext.of(spec)
     m, pp = chosen["num_microbatches"], chosen["pp"]
     per = m * ctx.shape.num_layers / pp
     published_step_s = case["gbs"] * case["seq"] / (case["gpus"] * case["tokens_per_s_per_gpu"])

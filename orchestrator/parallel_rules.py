@@ -207,8 +207,16 @@ def rule_fp8_dims(spec: Spec, lay: Layout) -> Problem | None:
     return None
 
 
+def rule_fp8_recipe(spec: Spec, lay: Layout) -> Problem | None:
+    if spec.training.fp8_recipe is not None and spec.training.precision != "fp8":
+        return Problem("training.fp8_recipe", f"fp8_recipe({spec.training.fp8_recipe}) needs precision: fp8, got "
+                       f"precision({spec.training.precision})", "set training.precision: fp8, or remove "
+                       "training.fp8_recipe")
+    return None
+
+
 MODEL_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_topk, rule_first_dense_layers]
-SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_fp8_engine_gpu]
+SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_fp8_engine_gpu, rule_fp8_recipe]
 LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
     rule_expert_needs_moe, rule_ep_divides_experts, rule_expert_folding, rule_moe_bias_etp, rule_moe_sequence_parallel,
     rule_expert_group_topology, rule_deepspeed_moe,

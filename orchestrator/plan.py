@@ -85,7 +85,13 @@ def with_layout(spec: Spec, layout: Layout) -> Spec:
         first_stage_layers=layout.first_stage_layers, last_stage_layers=layout.last_stage_layers,
         context=layout.cp if layout.cp != 1 else None, **_expert_fields(spec, layout),
         account_for_embedding_loss=True if layout.account_split else None, shard_degree=layout.shard_degree,
-        **_recompute_fields(spec, layout)))
+        **_recompute_fields(spec, layout), **_software_fields(spec.parallelism)))
+
+
+def _software_fields(p: ParallelismSpec) -> dict:
+    """The parallelism fields that say how the run's software runs the layout (kept as the spec states them)."""
+    return {"overlap_moe_expert_parallel_comm": p.overlap_moe_expert_parallel_comm,
+            "distribute_saved_activations": p.distribute_saved_activations, "overlap_p2p_comm": p.overlap_p2p_comm}
 
 
 def _recompute_fields(spec: Spec, layout: Layout) -> dict:

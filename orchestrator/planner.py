@@ -13,10 +13,10 @@ from typing import Iterator
 
 from .catalog.gpus import GPUS
 from .errors import Problem, SpecError
+from .generate_rules import generate_problems
 from .estimate.comm import group_placement, shard_placements
 from .estimate.cost import CostModel
 from .estimate.plausibility import mfu_warnings
-from .estimate.precision import FP8_RECIPE
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
 from .estimate.to_train import short_amount, to_train
 from .estimate.uncertainty import plus_minus
@@ -62,23 +62,11 @@ class _Scored:
     overflow: float          # worst of GPU bytes / capacity and host bytes / host capacity (fits: <= 1)
 
 
-def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
-           engine_version: str | None = None, ep_a2a_overlap: bool = True,
-           fp8_recipe: str = FP8_RECIPE, distribute_saved_activations: bool = False,
-           dropout: float = 0.0, loss: str | None = None, shape_fields: dict | None = None,
-           p2p_overlap: bool = True) -> SearchResult:
+def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None) -> SearchResult:
     """Rank the layouts of ``spec`` within the headroom, else (with a warning) those within the capacity;
-    NoFitError when none fits the capacity. ``engine_version``: the DeepSpeed
-    release a published run used (EstimateContext.engine_version); None: the one orch writes for.
-    ``ep_a2a_overlap``: False for a published run without Megatron's EP all-to-all overlap; ``fp8_recipe``: the
-    FP8 scaling recipe a published run used (default: the one orch writes); ``distribute_saved_activations``:
-    True for a published run that kept its full-recompute checkpoints split over the tp ranks (orch does not
-    emit the flag); ``dropout``: the dropout probability a published run trained with (orch trains without);
-    ``loss``: the cross entropy a published run used (None: what orch's engine trains with); ``shape_fields``: model
-    features a published run states beyond its spec, its attention kernel among them (EstimateContext.of);
-    ``p2p_overlap``: False for a published run on a Megatron-LM without overlapped pipeline exchanges."""
-    ctx = EstimateContext.of(spec, cost, engine_version, ep_a2a_overlap, fp8_recipe, distribute_saved_activations,
-                             dropout, loss, shape_fields, p2p_overlap)
+    NoFitError when none fits the capacity. Everything the estimate reads comes from the spec
+    (EstimateContext.of)."""
+    ctx = EstimateContext.of(spec, cost)
     rejected: list[Problem] = []
     scored = list(_scored_layouts(ctx, enumerate_layouts(spec, rejected)))
     if not scored:
@@ -93,9 +81,16 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None,
     best_overall = min(scored, key=lambda s: (s.step_time_s, s.total_bytes))
     warnings = headroom_warning(spec, ctx, ranked[0]) + plausibility(ctx, ranked[0])
     reasons = (explain(ctx, ranked, best_overall, len(scored), len(fitting)) + fp8_hint(spec, cost, ranked[0])
-               + warnings)
+               + warnings + _generate_note(spec))
     return SearchResult(chosen=ranked[0], candidates=ranked, num_considered=len(scored),
                         num_fitting=len(fitting), reasons=reasons, warnings=warnings)
+
+
+def _generate_note(spec: Spec) -> list[str]:
+    """One line naming the fields orch generate refuses (software orch does not write), if any."""
+    paths = [p.path for p in generate_problems(spec)]
+    return [f"software: predicted as specified, but orch generate refuses {', '.join(paths)} (software orch does "
+            "not write; orch validate says why)"] if paths else []
 
 
 def with_to_train(spec: Spec, est: LayoutEstimate) -> LayoutEstimate:

@@ -34,7 +34,7 @@ def rule_method_needs_full(spec: Spec, lay: Layout) -> Problem | None:
 
 
 def rule_recompute_engine(spec: Spec, lay: Layout) -> Problem | None:
-    p, m = spec.parallelism, spec.model
+    p = spec.parallelism
     if engine_of(spec) == "megatron":
         return None
     for name, value in (("recompute_modules", p.recompute_modules), ("recompute_method", p.recompute_method),
@@ -43,12 +43,7 @@ def rule_recompute_engine(spec: Spec, lay: Layout) -> Problem | None:
             return Problem(f"{P}.{name}", f"{name} is a Megatron option; engine({engine_of(spec)}) recomputes "
                            "whole layers (DeepSpeed activation checkpointing) or the attention core",
                            f"remove {P}.{name}, or set training.engine: megatron")
-    for name in ("hidden_dropout", "attention_dropout"):
-        if getattr(m, name):
-            return Problem(f"model.{name}", f"{name}({getattr(m, name)}) > 0, but engine({engine_of(spec)}) trains "
-                           "orch's reference model, which has no dropout",
-                           f"set model.{name}: 0, or training.engine: megatron")
-    return None
+    return None    # dropout with engine deepspeed: orch plan predicts it, orch generate refuses it (generate_rules.py)
 
 
 def module_problem(spec: Spec, module: str) -> str | None:
@@ -62,8 +57,10 @@ def module_problem(spec: Spec, module: str) -> str | None:
         return "needs shared experts (model.moe.shared_expert_ffn_hidden_size > 0)"
     if module == "moe_act" and gpu == "cpu":
         return "needs --moe-grouped-gemm, which orch writes on GPUs only"
-    if module in ("moe_act", "layernorm") and spec.training.precision == "fp8":
-        return "is refused with FP8's delayed scaling (Megatron-Core), the FP8 recipe orch writes (--fp8-recipe delayed)"
+    if module in ("moe_act", "layernorm") and spec.training.precision == "fp8" and \
+            (spec.training.fp8_recipe or "delayed") == "delayed":
+        return ("is refused with FP8's delayed scaling (Megatron-Core; --fp8-recipe delayed, training.fp8_recipe's "
+                "default): set training.fp8_recipe: tensorwise")
     if module == "mlp" and m.moe is not None and m.moe.first_dense_layers == 0:
         return "recomputes dense MLPs only, and every layer of this model is a MoE layer (use moe)"
     if module == "layernorm" and m.moe is None and gpu != "cpu":
@@ -99,6 +96,21 @@ def rule_recompute_num_layers(spec: Spec, lay: Layout) -> Problem | None:
     return None
 
 
+def rule_distribute_needs_full(spec: Spec, lay: Layout) -> Problem | None:
+    """Megatron-Core keeps a split checkpoint only of a full recompute, and not with sequence parallelism
+    (transformer_config.py __post_init__)."""
+    if not spec.parallelism.distribute_saved_activations:
+        return None
+    if lay.recompute is not None and lay.recompute != "full":
+        return Problem(f"{P}.distribute_saved_activations", f"needs recompute: full, got recompute({lay.recompute})",
+                       f"set {P}.recompute: full, or remove {P}.distribute_saved_activations")
+    if lay.sequence_parallel:
+        return Problem(f"{P}.distribute_saved_activations", "Megatron-Core refuses it with sequence_parallel "
+                       "(the checkpointed input is already split over the tp ranks)",
+                       f"set {P}.sequence_parallel: false, or remove {P}.distribute_saved_activations")
+    return None
+
+
 SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_recompute_engine, rule_recompute_modules]
 LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
-    rule_modules_need_selective, rule_method_needs_full, rule_recompute_num_layers]
+    rule_modules_need_selective, rule_method_needs_full, rule_recompute_num_layers, rule_distribute_needs_full]

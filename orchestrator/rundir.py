@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import OrchError, Problem, SpecError, raise_if
+from .generate_rules import generate_problems
 from .outfiles import temp_prefix, write_error
 from .plan import Plan
 from .spec import Spec, spec_sha256, spec_to_data
@@ -110,6 +111,7 @@ def write_run_dir(plan: Plan, out_dir: str | Path, *, force: bool = False, disca
         raise SpecError(Problem("--output", f"{out} is the current directory (or one holding it): it cannot be "
                                 "replaced while in use", "run orch from another directory (e.g. `cd ..`) and "
                                 "name the run dir with -o"))
+    raise_if(generate_problems(plan.spec))
     files = render_run_dir(plan)
     files.update(extra_files or {})
     files[MANIFEST] = render_manifest(plan, files)

@@ -84,6 +84,10 @@ class MoESpec:
     aux_loss_coeff: float = spec_field(
         0.01, doc="load-balancing auxiliary loss coefficient (Switch Transformer's 0.01; 0 = off)", minimum=0,
         maximum=1, bound_reason="published runs use 1e-4 to 1e-1; above 1 balancing outweighs the language loss")
+    router_force_load_balancing: Optional[bool] = spec_field(
+        None, doc="route on random logits so every expert gets an equal share (Megatron's "
+        "--moe-router-force-load-balancing, which benchmark runs such as NVIDIA's performance tables set; the "
+        "model then learns nothing useful); null = false, the trained router; engine megatron", omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,11 +117,20 @@ class ModelSpec:
     moe: Optional[MoESpec] = spec_field(None, doc="Mixture-of-Experts; null: a dense model", omit_if_none=True)
     hidden_dropout: Optional[float] = spec_field(
         None, doc="dropout probability of the hidden state (embedding and both residual branches; Megatron's "
-        "--hidden-dropout); null = 0.0, what orch's own runs train with; engine megatron only when > 0",
+        "--hidden-dropout); null = 0.0, what orch's own runs train with; > 0 is generated for engine megatron "
+        "(orch plan predicts it on deepspeed, orch generate refuses it there)",
         minimum=0, exclusive_maximum=1, omit_if_none=True)
     attention_dropout: Optional[float] = spec_field(
         None, doc="dropout probability of the attention probabilities (Megatron's --attention-dropout); "
-        "null = 0.0; engine megatron only when > 0", minimum=0, exclusive_maximum=1, omit_if_none=True)
+        "null = 0.0; > 0 is generated for engine megatron only", minimum=0, exclusive_maximum=1, omit_if_none=True)
+    rope_fusion: Optional[bool] = spec_field(
+        None, doc="apply rotary positions with Megatron-Core's fused kernel; false = --no-rope-fusion (the unfused "
+        "ops Megatron-Core falls back to for a YaRN RoPE); null = true; engine megatron, position_embedding rope",
+        omit_if_none=True)
+    activation_func_clamp_value: Optional[float] = spec_field(
+        None, doc="clamp the gated MLP's inputs at this value before the activation (Megatron's "
+        "--activation-func-clamp-value; gpt-oss: 7.0); null = no clamp; engine megatron, gated_mlp",
+        exclusive_minimum=0, maximum=1e6, omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,6 +228,35 @@ class TrainingSpec:
     total_tokens: Optional[float] = spec_field(
         None, doc="tokens to train: the plan shows each layout's days (and, with cluster.gpu_hour_cost, cost) "
         "to train them", exclusive_minimum=0, maximum=MAX_TOTAL_TOKENS, omit_if_none=True)
+    engine_version: Optional[str] = spec_field(
+        None, doc="the release of training.engine the run uses (DeepSpeed: e.g. 0.5.4; the cost model follows "
+        "the collectives and optimizer paths of that release, docs/cost-model.md); null = the release orch "
+        "writes configs for (DeepSpeed: DEEPSPEED_VERSION of orchestrator/validate/_deepspeed_keys_data.py; "
+        "Megatron-LM core_v0.16.1). orch plan predicts any "
+        "release; orch generate and validate refuse one orch does not write for", pattern=r"[0-9]+(\.[0-9]+){0,2}",
+        pattern_hint="a release number such as 0.5 or 0.14.4", omit_if_none=True)
+    fp8_recipe: Optional[Literal["delayed", "tensorwise"]] = spec_field(
+        None, doc="with precision fp8: the FP8 scaling recipe (Megatron's --fp8-recipe): delayed (amax history) "
+        "or tensorwise (per-tensor current scaling, NVIDIA's FP8-CS); null = delayed", omit_if_none=True)
+    attention_impl: Optional[Literal["flash_attn_2", "flash_attn_triton"]] = spec_field(
+        None, doc="the fused attention kernel the run's code calls, where it is not the engine's own: "
+        "flash_attn_2 (FlashAttention-2, e.g. PyTorch SDPA's flash backend), flash_attn_triton (flash-attn 1.x's "
+        "Triton kernel); null = the engine's (Megatron-Core's Transformer Engine attention, the reference "
+        "trainer's SDPA; the GPU catalog's rate). For predicting other software: orch plan accepts it, "
+        "orch generate and validate refuse it", omit_if_none=True)
+    cross_entropy_impl: Optional[Literal["vocab_parallel", "torch", "flash_attn_xentropy"]] = spec_field(
+        None, doc="the cross-entropy implementation (what the loss keeps of the logits): vocab_parallel "
+        "(Megatron-Core's, also Megatron-DeepSpeed's and GPT-NeoX's), torch (torch cross entropy on fp32 "
+        "logits), flash_attn_xentropy (flash-attn's fused xentropy); null = the engine's own (megatron: "
+        "vocab_parallel; deepspeed, orch's reference trainer: torch). orch plan accepts any; orch generate and "
+        "validate refuse one the engine does not use", omit_if_none=True)
+    layer_impl: Optional[Literal["megatron_core", "torchtitan_llama"]] = spec_field(
+        None, doc="the transformer layer's code: megatron_core (fused Transformer Engine kernels, what orch "
+        "trains) or torchtitan_llama (torchtitan's eager Llama layer: complex RoPE, separate projections, "
+        "silu * mul); null = megatron_core. orch generate and validate refuse torchtitan_llama", omit_if_none=True)
+    eager_norm: Optional[bool] = spec_field(
+        None, doc="the norms run as eager PyTorch ops (torchtitan's norm_type rmsnorm) instead of a fused kernel; "
+        "null = false. orch generate and validate refuse true", omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -283,6 +325,20 @@ class ParallelismSpec:
         "pipeline (Megatron's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split; "
         "engine megatron): (num_layers + 2) / pp per stage, the first and the last stage one transformer layer "
         "less, and interleaving divides that count; null = the planner decides", omit_if_none=True)
+    overlap_moe_expert_parallel_comm: Optional[bool] = spec_field(
+        None, doc="overlap the MoE all-to-all with compute (Megatron's --overlap-moe-expert-parallel-comm); "
+        "null or true = orch writes it wherever Megatron-Core allows it (ep > 1, interleaved or no pipeline, no "
+        "full recompute); false = never", omit_if_none=True)
+    distribute_saved_activations: Optional[bool] = spec_field(
+        None, doc="with recompute: full and tp > 1, keep each layer's checkpointed input split over the tp ranks "
+        "(Megatron's --distribute-saved-activations; DeepSpeed's partition_activations); needs sequence_parallel "
+        "off; null = false; orch generates it for engine megatron, and refuses it for deepspeed",
+        omit_if_none=True)
+    overlap_p2p_comm: Optional[bool] = spec_field(
+        None, doc="overlap the interleaved pipeline schedule's send/receive with compute (Megatron-LM's "
+        "overlap_p2p_comm, on by default with virtual pipeline stages since 2023-10; false writes "
+        "--no-overlap-p2p-communication; engine megatron with pp > 1 and virtual_pipeline > 1); null or true = on",
+        omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -83,3 +83,17 @@ MEGATRON_LAYOUTS |= {
                                 "parallelism.recompute_method": "block", "parallelism.recompute_num_layers": 3,
                                 "model.hidden_dropout": 0.1, "model.attention_dropout": 0.1},
 }
+
+# What published runs set beyond orch's defaults (issue 18; docs/published-specs.md): Megatron options orch writes.
+MEGATRON_LAYOUTS |= {
+    "qwen3-fp8-tensorwise-forced-unfused-rope-clamp": {
+        **MEGATRON_LAYOUTS["qwen3-kv128-ep8-pp2-fp8"], "parallelism.virtual_pipeline": 2,
+        "training.fp8_recipe": "tensorwise", "model.moe.router_force_load_balancing": True,
+        "model.rope_fusion": False, "model.activation_func_clamp_value": 7.0,
+        "parallelism.overlap_moe_expert_parallel_comm": False},
+    # (tensorwise with recompute_modules moe_act / layernorm: Megatron-Core also asks Transformer Engine >= 2.6,
+    # which this machine does not have; tests/unit/test_published_specs.py checks orch's rule)
+    "tp2-full-distributed-checkpoints": {
+        **MEGATRON_LAYOUTS["fp16-tp2-pp2-zero0"], "parallelism.sequence_parallel": False,
+        "parallelism.recompute": "full", "parallelism.distribute_saved_activations": True},
+}

@@ -1,10 +1,12 @@
-"""Published training runs as specs the cost model can be checked (and later calibrated) against.
+"""Published training runs: their sources, figures and evidence, and the orch spec each one is.
 
 A reference file (``tests/data/published-cases.json``, a copy of the shared references) lists cases with
-a model shape, a cluster, a global batch and the published layout and figures. :func:`throughput_spec`
-turns a throughput case into a :class:`~orchestrator.spec.Spec`; with ``published_layout=True`` the
-spec fixes what the paper fixed, and leaves open what it did not publish (micro-batch size and the
-interleaving degree), for the planner to choose.
+a model shape, a cluster, a global batch and the published layout and figures. :func:`throughput_spec_data`
+writes a throughput case as orch spec data, every property of its run in a spec field (what follows says
+which, and why); with ``published_layout=True`` the spec fixes what the paper fixed, and leaves open what it
+did not publish (micro-batch size and the interleaving degree), for the planner to choose.
+tests/tools/published_specs.py writes those specs to tests/data/published-specs/, which benchmarks/accuracy.py
+plans as ``orch plan`` does (docs/published-specs.md).
 
 Narayanan et al. 2021, Table 1 runs are modelled as the software of the time ran them: Megatron-LM with
 fp16 mixed precision, no fused (flash) attention, no sequence parallelism, full activation recomputation,
@@ -71,10 +73,6 @@ from pathlib import Path
 from orchestrator.spec import Spec
 from orchestrator.spec_loader import parse_spec
 from orchestrator.stages import balanced_split
-
-# Micro-batch sizes tried for a published layout that does not state one: the powers of two the paper's
-# own micro-batch study explores (Narayanan et al. 2021, section 5.4.2).
-PLAUSIBLE_MICRO_BATCHES = (1, 2, 4, 8)
 
 GPU_KEYS = {"A100-SXM4-80GB": "a100-80gb", "A100-SXM4-40GB": "a100-40gb", "H100-SXM5-80GB": "h100-sxm"}
 
@@ -493,8 +491,22 @@ def load_cases(path: str | Path, kind: str | None = None) -> list[dict]:
 
 def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
     """A spec for a throughput case; the published layout fixed, or every parallelism field open."""
+    return parse_spec(throughput_spec_data(case, published_layout=published_layout))
+
+
+# training.attention_impl / cross_entropy_impl as a spec names the kernels a case's evidence names
+SPEC_ATTENTION = {"fa2": "flash_attn_2", "flash_attn_triton": "flash_attn_triton"}
+SPEC_LOSS = {"vocab_parallel": "vocab_parallel", "torch": "torch", "xentropy": "flash_attn_xentropy"}
+ENGINE_LOSS = {"megatron": "vocab_parallel", "deepspeed": "torch"}
+
+
+def throughput_spec_data(case: dict, *, published_layout: bool = True) -> dict:
+    """The spec of a throughput case as data: its shape, cluster and batch, the software it ran (release,
+    dropout, loss, attention kernel, layer code: the case's evidence, module doc) and, with
+    ``published_layout``, the layout its source fixed (micro-batch and interleaving where it states them)."""
     m, c, pub = case["model"], case["cluster"], case["published"]
     gpn = c["gpus_per_node"]
+    engine = case_engine(case)
     data = {
         "name": case["id"].replace(".", "_")[:64],
         "model": {"num_layers": m["layers"], "hidden_size": m["hidden"], "num_attention_heads": m["heads"],
@@ -502,8 +514,20 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
                   **{k: m[k] for k in MODEL_SPEC_KEYS if k in m}},
         "cluster": {"gpu": GPU_KEYS[c["gpu_type"]], "num_nodes": c["gpus"] // gpn, "gpus_per_node": gpn},
         "training": {"global_batch_size": case["global_batch"], "precision": pub.get("precision", "fp16"),
-                     "engine": case_engine(case)},
+                     "engine": engine},
     }
+    if case_dropout(case):
+        data["model"].update(hidden_dropout=case_dropout(case), attention_dropout=case_dropout(case))
+    if case_engine_version(case):
+        data["training"]["engine_version"] = case_engine_version(case)
+    if case_loss(case) != ENGINE_LOSS[engine]:
+        data["training"]["cross_entropy_impl"] = SPEC_LOSS[case_loss(case)]
+    if case_attention(case) != "catalog":
+        data["training"]["attention_impl"] = SPEC_ATTENTION[case_attention(case)]
+    if pub.get("layer_impl"):
+        data["training"]["layer_impl"] = pub["layer_impl"]
+    if pub.get("eager_norm"):
+        data["training"]["eager_norm"] = True
     if c.get("nic_Gbps_per_node"):
         data["cluster"]["inter_node_bandwidth_GBps"] = nic_share_GBps(c["nic_Gbps_per_node"], gpn)
     if published_layout:
@@ -514,13 +538,17 @@ def throughput_spec(case: dict, *, published_layout: bool = True) -> Spec:
             data["parallelism"]["micro_batch_size"] = pub["micro_batch"]
         if pub.get("vpp"):         # software without interleaving (Megatron-LM before 2021-02) states vpp 1
             data["parallelism"]["virtual_pipeline"] = pub["vpp"]
+        if pub.get("distribute_saved_activations"):
+            data["parallelism"]["distribute_saved_activations"] = True
+        if engine == "megatron" and pub["pp"] > 1 and not case_p2p_overlap(case):
+            data["parallelism"]["overlap_p2p_comm"] = False
         # DeepSpeed places the balanced uneven split; Megatron's planner also weighs counting the embedding
         # and the loss in the split (which allows interleaving), so the split is left to it.
-        split = (balanced_split(m["layers"], pub["pp"]) if m["layers"] % pub["pp"] and case_engine(case) == "deepspeed"
+        split = (balanced_split(m["layers"], pub["pp"]) if m["layers"] % pub["pp"] and engine == "deepspeed"
                  else None)
         if split is not None:
             data["parallelism"].update(first_stage_layers=split[0], last_stage_layers=split[1])
-    return parse_spec(data)
+    return data
 
 
 def nic_share_GBps(nic_Gbps_per_node: float, gpus_per_node: int) -> float:
@@ -589,7 +617,7 @@ def case_shape_fields(case: dict) -> dict:
 
 def case_p2p_overlap(case: dict) -> bool:
     """Whether a case's Megatron overlapped its interleaved schedule's pipeline exchanges
-    (``published.p2p_overlap``; EstimateContext.p2p_overlap). Default False: every run of the references file
+    (``published.p2p_overlap``; parallelism.overlap_p2p_comm). Default False: every run of the references file
     predates the option (Megatron-LM f9283c5a8a, 2023-05-31, "Add option to overlap p2p communication")."""
     return bool(case["published"].get("p2p_overlap", False))
 
@@ -599,39 +627,10 @@ def case_recompute(case: dict) -> str:
     return str(case["published"]["recompute"]).split()[0]
 
 
-def case_regime(case: dict) -> str:
-    """The accuracy regime a case belongs to (benchmarks/accuracy.py reports error per regime)."""
-    from orchestrator.estimate.uncertainty import regime_of  # noqa: PLC0415
-
-    pub = case["published"]
-    return regime_of(case_engine(case), GPU_KEYS.get(case["cluster"]["gpu_type"], "cpu"), pub["pp"], pub["zero_stage"])
-
-
-def _preferred(est) -> tuple:
-    return not est.memory.within_headroom, est.step_time_s
-
-
 def published_estimate(case: dict, cost=None):
-    """The published layout with the most plausible unpublished fields: for each micro-batch size of
-    PLAUSIBLE_MICRO_BATCHES that divides the batch (only the published one, when there is one), the
-    planner picks the interleaving; the fastest layout within the planner's headroom wins, else (as the planner
-    falls back) the fastest within the GPU's capacity. Returns a LayoutEstimate (NoFitError if none fits)."""
-    from orchestrator.errors import SpecError
-    from orchestrator.planner import search
+    """The case's spec (:func:`throughput_spec`) planned as ``orch plan`` plans it: the published layout fixed,
+    what the source does not state (micro-batch, interleaving) chosen by the planner. Returns the chosen
+    LayoutEstimate (NoFitError if nothing fits)."""
+    from orchestrator.planner import search  # noqa: PLC0415
 
-    best, last_error = None, None
-    for mb in [case["published"]["micro_batch"]] if case["published"].get("micro_batch") else PLAUSIBLE_MICRO_BATCHES:
-        try:
-            spec = throughput_spec({**case, "published": {**case["published"], "micro_batch": mb}})
-            est = search(spec, top_k=1, cost=cost, engine_version=case_engine_version(case),
-                         distribute_saved_activations=bool(case["published"].get("distribute_saved_activations")),
-                         dropout=case_dropout(case), loss=case_loss(case),
-                         shape_fields=case_shape_fields(case), p2p_overlap=case_p2p_overlap(case)).chosen
-        except SpecError as e:   # batch not divisible, or nothing fits at this micro-batch
-            last_error = e
-            continue
-        if best is None or _preferred(est) < _preferred(best):
-            best = est
-    if best is None:
-        raise last_error
-    return best
+    return search(throughput_spec(case), top_k=1, cost=cost).chosen

@@ -6,9 +6,9 @@ optimizer, ZeRO-1), and the tokens/s per GPU reported. What the tables do not pu
 tensor parallelism; micro-batch and virtual stages where a case has them null) stays open for the planner.
 A case with no preset names its shape in ``model`` (spec model fields; the BF16 runs of Megatron-LM's README). Sources are in each case's ``source``; a case whose
 recipe ran without Megatron's EP all-to-all overlap (which orch generates wherever it can) says so
-(``ep_a2a_overlap: false``) and is predicted that way (:func:`predicted_layout`); so does a MoE case whose
+(``ep_a2a_overlap: false``; its spec: parallelism.overlap_moe_expert_parallel_comm false); so does a MoE case whose
 recipe used another FP8 scaling recipe than the delayed scaling orch writes (``fp8_recipe: "tensorwise"``,
-NVIDIA's "FP8-CS"), which the model reads for the experts' host launches.
+NVIDIA's "FP8-CS"; training.fp8_recipe), which the model reads for the experts' host launches.
 
 Dropout (``dropout``, the cost model's ``ModelShape.dropout``): 0 unless a case states otherwise with its evidence
 in ``dropout_source``. The Llama, Qwen3 and gpt-oss model providers of NeMo and Megatron-Bridge set
@@ -17,8 +17,8 @@ LlamaModelProvider, qwen_provider.py Qwen3MoEModelProvider, gpt_oss/gpt_oss_prov
 Framework Launcher llama/llama2_7b.yaml); NeMo's GPT-3 175B config and the GPT rows of Megatron-LM's README keep
 0.1, and say so.
 
-Model features a spec cannot state (``fused_rope``, ``glu_clamp``, ``recompute_modules``: the cost model's
-ModelShape fields of those names, estimate/eager_ops.py) are case keys, for gpt-oss-120b: its YaRN RoPE (factor 32,
+Model features (``fused_rope``, ``glu_clamp``, ``recompute_modules``: spec fields model.rope_fusion,
+model.activation_func_clamp_value and parallelism.recompute_modules with recompute selective) are case keys, for gpt-oss-120b: its YaRN RoPE (factor 32,
 so an attention factor 1.35) runs unfused in Megatron-Core (``fused_rope`` false), its experts' activation clamps
 at 7.0 (``glu_clamp``; Megatron-Bridge: position_embedding_type yarn, yarn_rotary_scaling_factor 32, yarn_mscale
 None, activation_func_clamp_value 7.0, add_bias_linear, in gpt_oss_provider.py GPTOSSProvider at the 25.11 commit
@@ -45,13 +45,11 @@ import json
 from pathlib import Path
 
 from orchestrator.estimate.params import ModelShape, MoEShape
-from orchestrator.estimate.precision import FP8_RECIPE
 from orchestrator.spec import Spec
 from orchestrator.spec_loader import parse_spec
 from orchestrator.stages import accounted_split, balanced_split
 
 GPUS_PER_NODE = 8
-SHAPE_FIELD_KEYS = ("fused_rope", "glu_clamp", "recompute_modules", "router_force_balance")
 
 
 def load_layout_cases(path: str | Path) -> list[dict]:
@@ -60,33 +58,56 @@ def load_layout_cases(path: str | Path) -> list[dict]:
 
 def layout_case_spec(case: dict, *, published_layout: bool = True) -> Spec:
     """The case as a spec on h100-sxm with the Megatron engine; its published layout fixed (or all open)."""
+    return parse_spec(layout_case_spec_data(case, published_layout=published_layout))
+
+
+def layout_case_spec_data(case: dict, *, published_layout: bool = True) -> dict:
+    """The case's spec as data: its model, cluster, batch and precision, the software its recipe set (dropout,
+    FP8 recipe, EP overlap, RoPE fusion, GLU clamp, forced balance, recompute modules: module doc) and, with
+    ``published_layout``, its published layout."""
     model = ({"preset": case["preset"]} if case.get("preset") else dict(case["model"])) | {"seq_length": case["seq"]}
+    moe: dict = {}
     if case.get("capacity_factor") is not None:
-        model["moe"] = {"capacity_factor": case["capacity_factor"]}
+        moe["capacity_factor"] = case["capacity_factor"]
+    if case.get("router_force_balance"):
+        moe["router_force_load_balancing"] = True
+    if moe:
+        model["moe"] = {**model.get("moe", {}), **moe}
+    if layout_case_dropout(case):
+        model.update(hidden_dropout=layout_case_dropout(case), attention_dropout=layout_case_dropout(case))
+    if case.get("fused_rope") is False:
+        model["rope_fusion"] = False
+    if case.get("glu_clamp") is not None:
+        model["activation_func_clamp_value"] = case["glu_clamp"]
+    training = {"global_batch_size": case["gbs"], "precision": case["precision"], "engine": "megatron"}
+    if case.get("fp8_recipe"):
+        training["fp8_recipe"] = case["fp8_recipe"]
     data = {"name": case["id"][:64], "model": model,
             "cluster": {"gpu": "h100-sxm", "num_nodes": case["gpus"] // GPUS_PER_NODE,
-                        "gpus_per_node": GPUS_PER_NODE},
-            "training": {"global_batch_size": case["gbs"], "precision": case["precision"], "engine": "megatron"}}
+                        "gpus_per_node": GPUS_PER_NODE}, "training": training}
     if published_layout:
         data["parallelism"] = _published_parallelism(case)
-    return parse_spec(data)
+        if case.get("ep_a2a_overlap") is False:
+            data["parallelism"]["overlap_moe_expert_parallel_comm"] = False
+        if case.get("recompute_modules"):     # the recipe's selective recompute
+            data["parallelism"].update(recompute="selective", recompute_modules=list(case["recompute_modules"]))
+    return data
 
 
 def predicted_layout(case: dict) -> dict:
-    """The cost model's LAYOUT record for a case as its run was configured: the published layout, and
-    without Megatron's EP all-to-all overlap where the case says its recipe ran without it
-    (``ep_a2a_overlap: false``, with the recipe in its source), with the case's FP8 scaling recipe and the model
-    features it states (:func:`layout_case_shape_fields`)."""
+    """The cost model's LAYOUT record for a case's spec (:func:`layout_case_spec`), planned as ``orch plan``
+    plans it."""
     from orchestrator.planner import search  # noqa: PLC0415
-    return search(layout_case_spec(case), top_k=1, ep_a2a_overlap=case.get("ep_a2a_overlap", True),
-                  fp8_recipe=case_fp8_recipe(case), dropout=layout_case_dropout(case),
-                  shape_fields=layout_case_shape_fields(case)).chosen.to_dict()
+    return search(layout_case_spec(case), top_k=1).chosen.to_dict()
+
+
+FEATURE_KEYS = ("fused_rope", "glu_clamp", "recompute_modules", "router_force_balance")
 
 
 def layout_case_shape_fields(case: dict) -> dict:
-    """The model features a case's run had that a spec cannot state (ModelShape.fused_rope, glu_clamp,
-    recompute_modules; module doc), for the cost model's shape."""
-    fields = {key: case[key] for key in SHAPE_FIELD_KEYS if key in case}
+    """The model features a case states (module doc) under the cost model's ModelShape names; its spec carries
+    them as spec fields (:func:`layout_case_spec_data`)."""
+    fields = {key: case[key] for key in FEATURE_KEYS if key in case}
     if "recompute_modules" in fields:
         fields["recompute_modules"] = tuple(fields["recompute_modules"])
     return fields
@@ -95,11 +116,6 @@ def layout_case_shape_fields(case: dict) -> dict:
 def layout_case_dropout(case: dict) -> float:
     """The dropout probability a case's recipe trained with (``dropout``; default 0, module doc)."""
     return float(case.get("dropout", 0.0))
-
-
-def case_fp8_recipe(case: dict) -> str:
-    """The FP8 scaling recipe a case's run used (``fp8_recipe``); default: the delayed scaling orch writes."""
-    return case.get("fp8_recipe", FP8_RECIPE)
 
 
 def _published_parallelism(case: dict) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..layout import padded_vocab_size
+from ..layout import engine_of, padded_vocab_size
 from ..spec import Spec
 from ..stages import StageSplit, stage_split
 
@@ -66,15 +66,14 @@ class ModelShape:
     # The cross-entropy implementation the run's loss goes through (estimate/activations.py LOSS_IMPLS: what it
     # keeps of the logits for the backward; estimate/compute.py head_time_s: its memory traffic). orch's
     # Megatron runs: Megatron-Core's vocab-parallel cross entropy; orch's DeepSpeed runs: the reference
-    # trainer's torch cross entropy (step.py default_loss); a published run states its own (tests/published.py
-    # case_loss).
+    # trainer's torch cross entropy (default_loss); training.cross_entropy_impl names another.
     loss: str = "vocab_parallel"
     # The fused attention kernel (estimate/attention.py ATTENTION_IMPLS: its measured rate by head dimension and
-    # sequence length, or the GPU's catalog figure). orch's own runs: "catalog"; a published run states its own
-    # (tests/published.py case_attention).
+    # sequence length, or the GPU's catalog figure). orch's own runs: "catalog"; training.attention_impl names
+    # another.
     attention: str = "catalog"
-    # Features Megatron-Core runs with extra eager kernels (estimate/eager_ops.py); orch's specs cannot state
-    # them, a published run does (tests/published_layouts.py layout_case_shape_fields). ``fused_rope`` False: RoPE with
+    # Features Megatron-Core runs with extra eager kernels (estimate/eager_ops.py): model.rope_fusion,
+    # model.activation_func_clamp_value, parallelism.recompute_modules. ``fused_rope`` False: RoPE with
     # a YaRN attention factor, which Megatron-Core applies unfused; ``glu_clamp``: the experts' gated activation
     # clamps its inputs at this value first; ``recompute_modules``: Megatron's --recompute-modules beyond core
     # attention ("layernorm", "moe_act"), recomputed on top of the layout's recompute unless that is full.
@@ -89,11 +88,11 @@ class ModelShape:
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
     # A benchmark run that forced balanced routing (Megatron's --moe-router-force-load-balancing: random router
-    # logits), which a published run states (estimate/moe.py random_routing_imbalance); orch's runs train their
-    # router.
+    # logits; model.moe.router_force_load_balancing; estimate/moe.py random_routing_imbalance); orch's runs train
+    # their router.
     router_force_balance: bool = False
-    # Layer code in eager PyTorch instead of Megatron-Core's fused kernels (estimate/eager_ops.py); orch's specs
-    # cannot state it, a published run does (tests/published.py case_shape_fields). ``layer_impl`` "torchtitan_llama":
+    # Layer code in eager PyTorch instead of Megatron-Core's fused kernels (estimate/eager_ops.py; training.layer_impl
+    # and training.eager_norm). ``layer_impl`` "torchtitan_llama":
     # torchtitan's Llama layer (complex RoPE, silu * mul, separate projections); ``eager_norm``: its norms are
     # torchtitan's eager RMSNorm (norm_type "rmsnorm") rather than a fused kernel.
     layer_impl: str = "megatron_core"
@@ -140,7 +139,30 @@ def model_shape(spec: Spec) -> ModelShape:
             num_experts=m.moe.num_experts, router_topk=m.moe.router_topk, expert_ffn=m.moe.ffn_hidden_size,
             shared_ffn=m.moe.shared_expert_ffn_hidden_size, first_dense_layers=m.moe.first_dense_layers,
             capacity_factor=m.moe.capacity_factor),
-        **_dropout_fields(spec), **_recompute_fields(spec))
+        **_dropout_fields(spec), **_recompute_fields(spec), **_software_fields(spec))
+
+
+# training.attention_impl / cross_entropy_impl as the cost model names them (attention.py ATTENTION_IMPLS,
+# activations.py LOSS_IMPLS).
+ATTENTION_IMPL_OF = {"flash_attn_2": "fa2", "flash_attn_triton": "flash_attn_triton"}
+LOSS_IMPL_OF = {"vocab_parallel": "vocab_parallel", "torch": "torch", "flash_attn_xentropy": "xentropy"}
+
+
+def default_loss(engine: str) -> str:
+    """The cross entropy orch's runs train with: Megatron-Core's vocab-parallel cross entropy (render/megatron.py
+    writes no --cross-entropy-loss-fusion; the native fusion keeps the same buffers), the reference trainer's
+    torch cross entropy on DeepSpeed (train/model.py lm_loss). estimate/activations.py LOSS_IMPLS."""
+    return "torch" if engine == "deepspeed" else "vocab_parallel"
+
+
+def _software_fields(spec: Spec) -> dict:
+    """What the run's software does that changes the cost (spec fields; null: what orch's engine writes)."""
+    m, t = spec.model, spec.training
+    return {"loss": LOSS_IMPL_OF[t.cross_entropy_impl] if t.cross_entropy_impl else default_loss(engine_of(spec)),
+            "attention": ATTENTION_IMPL_OF[t.attention_impl] if t.attention_impl else "catalog",
+            "fused_rope": m.rope_fusion is not False, "glu_clamp": m.activation_func_clamp_value,
+            "router_force_balance": bool(m.moe and m.moe.router_force_load_balancing),
+            "layer_impl": t.layer_impl or "megatron_core", "eager_norm": bool(t.eager_norm)}
 
 
 def _dropout_fields(spec: Spec) -> dict:

@@ -48,6 +48,8 @@ def _parallel_args(plan: Plan) -> list[str]:
     args = ["--tensor-model-parallel-size", str(lay.tp), "--pipeline-model-parallel-size", str(lay.pp)]
     if lay.vpp > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(lay.vpp)]
+        if plan.spec.parallelism.overlap_p2p_comm is False:
+            args.append("--no-overlap-p2p-communication")   # what the cost model assumed (step.uses_p2p_overlap)
     if lay.first_stage_layers is not None:
         args += ["--decoder-first-pipeline-num-layers", str(lay.first_stage_layers)]
     if lay.last_stage_layers is not None:
@@ -97,7 +99,8 @@ def _recompute_args(plan: Plan) -> list[str]:
     # and --recompute-num-layers (default uniform, 1). docs/recompute-dropout.md.
     tokens: list[str] = []
     for key, value in _recompute_config(plan).items():
-        tokens += [f"--{key.replace('_', '-')}", *(value if isinstance(value, list) else [str(value)])]
+        flag = f"--{key.replace('_', '-')}"
+        tokens += [flag] if value is True else [flag, *(value if isinstance(value, list) else [str(value)])]
     return tokens
 
 
@@ -120,7 +123,26 @@ def _model_args(plan: Plan) -> list[str]:
     # model.hidden_dropout / model.attention_dropout: 0 unless the spec sets them (docs/recompute-dropout.md).
     args += ["--attention-dropout", str(float(m.attention_dropout or 0.0)),
              "--hidden-dropout", str(float(m.hidden_dropout or 0.0)), "--attention-backend", _attention_backend(plan)]
+    return args + _model_kernel_args(plan)
+
+
+def _model_kernel_args(plan: Plan) -> list[str]:
+    """model.rope_fusion: false and model.activation_func_clamp_value (written only when set)."""
+    m, args = plan.spec.model, []
+    if m.rope_fusion is False:
+        args.append("--no-rope-fusion")
+    if m.activation_func_clamp_value is not None:
+        args += ["--activation-func-clamp-value", str(m.activation_func_clamp_value)]
     return args
+
+
+def _model_kernel_config(plan: Plan) -> dict:
+    m, config = plan.spec.model, {}
+    if m.rope_fusion is False:
+        config["apply_rope_fusion"] = False
+    if m.activation_func_clamp_value is not None:
+        config["activation_func_clamp_value"] = m.activation_func_clamp_value
+    return config
 
 
 def _precision_args(plan: Plan) -> list[str]:
@@ -293,7 +315,8 @@ def render_megatron_config(plan: Plan) -> dict:
         "use_cpu_initialization": plan.spec.cluster.gpu == "cpu",
         "deallocate_pipeline_outputs": True,
     }
-    return config | _split_config(plan) | _recompute_config(plan) | moe_config(plan) | context_fp8_config(plan)
+    return (config | _split_config(plan) | _recompute_config(plan) | moe_config(plan) | context_fp8_config(plan)
+            | _model_kernel_config(plan))
 
 
 def _split_config(plan: Plan) -> dict:
@@ -315,5 +338,6 @@ def _recompute_config(plan: Plan) -> dict:
         return {"recompute_granularity": "selective"} | modules
     if plan.layout.recompute == "full":
         return {"recompute_granularity": "full", "recompute_method": p.recompute_method or "uniform",
-                "recompute_num_layers": p.recompute_num_layers or 1}
+                "recompute_num_layers": p.recompute_num_layers or 1} | (
+                    {"distribute_saved_activations": True} if p.distribute_saved_activations else {})
     return {}

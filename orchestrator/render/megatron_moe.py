@@ -42,12 +42,14 @@ def moe_args(plan: Plan) -> list[str]:
         args += ["--moe-layer-freq", moe_layer_freq(plan.spec.model.num_layers, moe.first_dense_layers)]
     if ep_overlap(plan):
         args.append("--overlap-moe-expert-parallel-comm")   # what the cost model assumed (estimate/moe.py)
+    if moe.router_force_load_balancing:
+        args.append("--moe-router-force-load-balancing")
     return args
 
 
 def ep_overlap(plan: Plan) -> bool:
     lay = plan.layout
-    return uses_ep_a2a_overlap(plan.spec.model.moe is not None, engine_of(plan.spec), plan.spec.cluster.gpu,
+    return plan.spec.parallelism.overlap_moe_expert_parallel_comm is not False and uses_ep_a2a_overlap(plan.spec.model.moe is not None, engine_of(plan.spec), plan.spec.cluster.gpu,
                                lay.ep, lay.pp, lay.vpp, lay.recompute)
 
 
@@ -59,7 +61,7 @@ def context_args(plan: Plan) -> list[str]:
 def fp8_args(plan: Plan) -> list[str]:
     if plan.spec.training.precision != "fp8":
         return []
-    return ["--bf16", "--fp8-format", FP8_FORMAT, "--fp8-recipe", FP8_RECIPE,
+    return ["--bf16", "--fp8-format", FP8_FORMAT, "--fp8-recipe", plan.spec.training.fp8_recipe or FP8_RECIPE,
             "--fp8-amax-history-len", str(FP8_AMAX_HISTORY), "--fp8-amax-compute-algo", FP8_AMAX_ALGO]
 
 
@@ -86,6 +88,8 @@ def moe_config(plan: Plan) -> dict:
     if moe.first_dense_layers:
         n = plan.spec.model.num_layers
         config["moe_layer_freq"] = [0] * moe.first_dense_layers + [1] * (n - moe.first_dense_layers)
+    if moe.router_force_load_balancing:
+        config["moe_router_force_load_balancing"] = True
     return config
 
 
@@ -95,7 +99,7 @@ def context_fp8_config(plan: Plan) -> dict:
     if plan.layout.cp > 1:
         config |= {"context_parallel_size": plan.layout.cp, "cp_comm_type": CP_COMM_TYPE}
     if plan.spec.training.precision == "fp8":
-        config |= {"fp8": FP8_FORMAT, "fp8_recipe": FP8_RECIPE, "fp8_amax_history_len": FP8_AMAX_HISTORY,
+        config |= {"fp8": FP8_FORMAT, "fp8_recipe": plan.spec.training.fp8_recipe or FP8_RECIPE, "fp8_amax_history_len": FP8_AMAX_HISTORY,
                    "fp8_amax_compute_algo": FP8_AMAX_ALGO}
     if plan.spec.model.kv_channels is not None:
         config["kv_channels"] = plan.spec.model.kv_channels

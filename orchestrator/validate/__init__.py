@@ -8,6 +8,7 @@ asked in a subprocess, as the final authority.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ..errors import OrchError, Problem, SpecError
@@ -89,8 +90,10 @@ def _validate_one(path: Path, *, world_size, model_parallel_size, deep, notes) -
 def validate_spec_file(path: Path) -> list[Problem]:
     from ..spec_loader import load_spec  # noqa: PLC0415
 
+    from ..generate_rules import generate_problems  # noqa: PLC0415
+
     try:
-        load_spec(path)
+        spec = load_spec(path)
     except SpecError as e:
         return e.problems
-    return []
+    return [dataclasses.replace(p, path=f"{path}:{p.path}") for p in generate_problems(spec)]

@@ -115,6 +115,7 @@ def lm_check(request: dict) -> dict:
                 build_tokenizer(args)
                 facts["padded_vocab_size"] = args.padded_vocab_size
             stage = "core_transformer_config_from_args"
+            _assume_target_te_version()     # as core_config: TE's version checks answered as on the target GPUs
             facts.update(_transformer_config(arguments, args))
     except (Exception, SystemExit) as exc:  # noqa: BLE001  (every failure is the answer)
         return {"ok": False, "error": _error(stage, exc, out.getvalue(), request["root"]), "facts": facts}

@@ -14,6 +14,7 @@ from orchestrator.estimate.step import EstimateContext
 from tests.published import (EXTRA_CASES, MPT_FSDP, MPT_SHAPES, TORCHTITAN_FSDP, case_attention,
                                     published_estimate)
 from orchestrator.spec_loader import parse_spec
+from tests.spec_variants import spec_with
 
 A100 = "a100-80gb"
 
@@ -102,7 +103,7 @@ def test_catalog_kernel_keeps_the_catalog_figure():
 
 def test_orch_runs_use_the_catalog_and_published_runs_their_kernel():
     assert EstimateContext.of(_spec()).shape.attention == "catalog"
-    assert EstimateContext.of(_spec(), shape_fields={"attention": "fa2"}).shape.attention == "fa2"
+    assert EstimateContext.of(spec_with(_spec(), **{"training.attention_impl": "flash_attn_2"})).shape.attention == "fa2"
     assert {case_attention(c) for c in MPT_FSDP} == {"flash_attn_triton"}
     assert {case_attention(c) for c in TORCHTITAN_FSDP} == {"fa2"}
     assert all(c["published"].get("attention_source") for c in (*MPT_FSDP, *TORCHTITAN_FSDP))

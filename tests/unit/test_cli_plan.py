@@ -100,10 +100,21 @@ def test_uneven_split_in_plan_json_and_generated_run_dir(tmp_path, capsys):
     """BLOOM-176B's layout: the split appears in the LAYOUT record, spec.resolved.yaml, the Megatron files,
     and plan.json notes that ds_config.json cannot express it (orch's trainer places it)."""
     from tests.published import BLOOM_176B, throughput_spec
+    from tests.spec_variants import spec_with
     from orchestrator.spec import spec_to_data
 
+    published = throughput_spec(BLOOM_176B)     # as run: DeepSpeed 0.6.2, dropout 0.1, Megatron's loss
     path = tmp_path / "bloom.yaml"
-    path.write_text(yaml.safe_dump(spec_to_data(throughput_spec(BLOOM_176B))))
+    path.write_text(yaml.safe_dump(spec_to_data(published)))
+    code, out, err = run_cli(["plan", str(path), "--json"], capsys)
+    assert code == 0, err                       # orch plan predicts the run as it ran ...
+    code, out, err = run_cli(["generate", str(path), "-o", str(tmp_path / "refused")], capsys)
+    assert code == 2 and not (tmp_path / "refused").exists()    # ... orch generate cannot write that software
+    for field in ("training.engine_version", "training.cross_entropy_impl", "model.hidden_dropout"):
+        assert field in err, err
+    as_orch = spec_with(published, **{"training.engine_version": None, "training.cross_entropy_impl": None,
+                                      "model.hidden_dropout": None, "model.attention_dropout": None})
+    path.write_text(yaml.safe_dump(spec_to_data(as_orch)))
     code, out, err = run_cli(["plan", str(path), "--json"], capsys)
     assert code == 0, err
     chosen = json.loads(out)["chosen"]

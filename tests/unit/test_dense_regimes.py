@@ -10,6 +10,7 @@ from orchestrator.estimate.estimate_context import EstimateContext
 from orchestrator.estimate.step import estimate, overlapped_p2p_exposed_s, uses_p2p_overlap
 from orchestrator.layout import Layout
 from orchestrator.spec_loader import parse_spec
+from tests.spec_variants import spec_with
 
 def pp_spec(engine: str = "megatron"):
     return parse_spec({"name": "pp", "model": {"preset": "llama2-13b"},
@@ -18,6 +19,7 @@ def pp_spec(engine: str = "megatron"):
 
 
 H100_PP = pp_spec()
+NO_OVERLAP = spec_with(H100_PP, **{"parallelism.overlap_p2p_comm": False})   # --no-overlap-p2p-communication
 INTERLEAVED = Layout(tp=1, pp=4, vpp=10, dp=4, zero_stage=1, micro_batch_size=1, sequence_parallel=False,
                      recompute="none", offload="none")
 
@@ -31,7 +33,7 @@ def test_overlapped_exchange_hides_behind_the_chunk_windows():
 
 def test_interleaved_megatron_pipeline_exposes_less_p2p_with_overlap():
     on = estimate(EstimateContext.of(H100_PP), INTERLEAVED)
-    off = estimate(EstimateContext.of(H100_PP, p2p_overlap=False), INTERLEAVED)
+    off = estimate(EstimateContext.of(NO_OVERLAP), INTERLEAVED)
     assert on.comm.pp_s == pytest.approx(off.comm.pp_s)                 # the same traffic ...
     assert on.comm.pp_exposed_s < 0.25 * off.comm.pp_exposed_s          # ... most of it hidden
     assert on.step_time_s < off.step_time_s
@@ -48,7 +50,7 @@ def test_p2p_overlap_needs_interleaving_and_megatron():
     assert not uses_p2p_overlap(EstimateContext.of(pp_spec("deepspeed")), INTERLEAVED)
     plain = dataclasses.replace(INTERLEAVED, vpp=1)
     assert estimate_layout(H100_PP, plain).comm.pp_exposed_s == pytest.approx(
-        estimate(EstimateContext.of(H100_PP, p2p_overlap=False), plain).comm.pp_exposed_s)
+        estimate(EstimateContext.of(NO_OVERLAP), plain).comm.pp_exposed_s)
 
 
 # --- what hidden NCCL collectives cost the compute (estimate/overlap.py) ---------------------------------
@@ -118,3 +120,16 @@ def test_zero3_exposed_gathers_grow_when_the_compute_window_shrinks():
                                 ctx.hw)
     assert narrow.time_s == pytest.approx(wide.time_s)
     assert narrow.exposed_s > 5 * wide.exposed_s
+
+
+def test_overlap_p2p_comm_false_reaches_the_megatron_arguments():
+    """The spec field the estimate reads is what orch writes: --no-overlap-p2p-communication only when false."""
+    from orchestrator.plan import build_plan
+    from orchestrator.render.megatron import render_megatron_args
+
+    fixed = {"parallelism.tensor": 1, "parallelism.pipeline": 4, "parallelism.virtual_pipeline": 10,
+             "parallelism.micro_batch_size": 1}
+    on = render_megatron_args(build_plan(spec_with(H100_PP, **fixed), top_k=1))
+    off = render_megatron_args(build_plan(spec_with(NO_OVERLAP, **fixed), top_k=1))
+    assert "--num-virtual-stages-per-pipeline-rank" in on and "--no-overlap-p2p-communication" not in on
+    assert "--no-overlap-p2p-communication" in off

@@ -13,6 +13,7 @@ from orchestrator.plan import build_plan
 from orchestrator.planner import search
 from tests.published import BLOOM_176B, MPT_FSDP, NEOX_20B, TORCHTITAN_FSDP, case_dropout, load_cases
 from tests.published_layouts import layout_case_dropout, load_layout_cases
+from tests.spec_variants import spec_with
 from orchestrator.render.megatron import render_megatron_args, render_megatron_config
 from orchestrator.spec_loader import load_spec
 from tests.conftest import ROOT
@@ -79,10 +80,11 @@ def test_own_spec_plans_fit_more_without_dropout(example):
     """orch's own spec (no dropout): at least as many layouts fit, and none needs more memory or time, than if
     it trained with Megatron's default 0.1."""
     spec = load_spec(ROOT / "examples" / example)
-    without, with_p = search(spec, top_k=1), search(spec, top_k=1, dropout=0.1)
+    dropped = spec_with(spec, **{"model.hidden_dropout": 0.1, "model.attention_dropout": 0.1})
+    without, with_p = search(spec, top_k=1), search(dropped, top_k=1)
     assert without.num_fitting >= with_p.num_fitting
     assert without.chosen.step_time_s <= with_p.chosen.step_time_s
-    ctx0, ctx1 = EstimateContext.of(spec), EstimateContext.of(spec, dropout=0.1)
+    ctx0, ctx1 = EstimateContext.of(spec), EstimateContext.of(dropped)
     from orchestrator.estimate.step import estimate  # noqa: PLC0415
     lay = with_p.chosen.layout
     assert estimate(ctx0, lay).memory.total_bytes < estimate(ctx1, lay).memory.total_bytes

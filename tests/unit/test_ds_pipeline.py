@@ -10,6 +10,7 @@ from orchestrator.estimate.engines import ds_bf16_optimizer, ds_pipeline_reduces
 from orchestrator.estimate.step import EstimateContext, estimate
 from orchestrator.layout import Layout
 from tests.published import MT_NLG_530B, published_estimate
+from tests.spec_variants import spec_with
 from orchestrator.spec_loader import parse_spec
 
 
@@ -40,7 +41,7 @@ def test_bf16_optimizer_releases():
 
 def test_bf16_optimizer_costs_its_fp32_gradient_copy():
     spec = _spec("deepspeed")
-    old = estimate(EstimateContext.of(spec, engine_version="0.7"), LAYOUT)     # BF16_Optimizer
+    old = estimate(EstimateContext.of(spec_with(spec, **{"training.engine_version": "0.7"})), LAYOUT)     # BF16_Optimizer
     new = estimate(EstimateContext.of(spec), LAYOUT)                            # ZeRO-1, bf16 gradients
     assert old.breakdown.compute_s > new.breakdown.compute_s
     # the tied embedding's fp32 gradient: twice the bf16 bytes between the first and last stage
@@ -147,8 +148,8 @@ def test_zero1_pipeline_of_deepspeed_0_5_all_reduces_its_gradients():
     """The MT-NLG release (0.5.x): ZeRO-1 all-reduces every gradient bucket (engines.ds_bucket_all_reduce), twice
     the reduce-scatter volume a 0.4.3 ZeRO-1 run moves."""
     spec = _spec("deepspeed")
-    old = estimate(EstimateContext.of(spec, engine_version="0.4.3"), LAYOUT)
-    new = estimate(EstimateContext.of(spec, engine_version="0.5"), LAYOUT)
+    old = estimate(EstimateContext.of(spec_with(spec, **{"training.engine_version": "0.4.3"})), LAYOUT)
+    new = estimate(EstimateContext.of(spec_with(spec, **{"training.engine_version": "0.5"})), LAYOUT)
     assert new.comm.dp_reduce_s > 1.5 * old.comm.dp_reduce_s
     assert new.comm.dp_bytes > old.comm.dp_bytes
 
@@ -184,8 +185,8 @@ def test_gradients_go_whole_between_stages_before_deepspeed_0_5_4():
     assert ds_pipe_hand_overs("0.5.3") == ds_pipe_hand_overs("0.5") == PipeHandOvers(slices=2, full=2, gathers=2)
     assert ds_pipe_hand_overs("0.5.4") == PipeHandOvers(slices=4, full=0, gathers=3)
     spec = _spec("deepspeed")
-    old = estimate(EstimateContext.of(spec, engine_version="0.5.3"), LAYOUT)
-    new = estimate(EstimateContext.of(spec, engine_version="0.5.4"), LAYOUT)
+    old = estimate(EstimateContext.of(spec_with(spec, **{"training.engine_version": "0.5.3"})), LAYOUT)
+    new = estimate(EstimateContext.of(spec_with(spec, **{"training.engine_version": "0.5.4"})), LAYOUT)
     assert old.comm.pp_exposed_s > new.comm.pp_exposed_s and old.step_time_s > new.step_time_s
 
 

@@ -18,8 +18,10 @@ LLAMA3_70B, LLAMA2_13B = CASES["torchtitan_llama3_70b_fsdp_64gpu"], CASES["torch
 
 
 def _shape_hw(case, **fields):
-    ctx = EstimateContext.of(throughput_spec(case), shape_fields=fields)
-    return ctx.shape, ctx.hw
+    """The case's shape on the fused layer, with ``fields`` (ModelShape's layer_impl, eager_norm) set."""
+    fused = {**case, "published": {k: v for k, v in case["published"].items() if k not in ("layer_impl", "eager_norm")}}
+    ctx = EstimateContext.of(throughput_spec(fused))
+    return dataclasses.replace(ctx.shape, **fields), ctx.hw
 
 
 def test_eager_rmsnorm_adds_its_fp32_passes_per_norm():

@@ -9,6 +9,7 @@ from orchestrator.errors import SpecError
 from orchestrator.estimate import CostModel, estimate_layout
 from orchestrator.layout import Layout
 from orchestrator.spec_loader import parse_spec
+from tests.spec_variants import spec_with
 
 SPEC = parse_spec({"name": "s", "model": {"preset": "gpt3-7.5b"},
                    "cluster": {"gpu": "a100-80gb", "num_nodes": 8, "gpus_per_node": 8},
@@ -157,7 +158,8 @@ def test_distributed_saved_input_keeps_one_tp_slice_and_pays_one_all_gather_per_
     from orchestrator.estimate.comm import all_gather_s, group_placement
 
     full = dataclasses.replace(LAYOUT, sequence_parallel=False, recompute="full", pp=1, vpp=1, dp=16)
-    plain, split = (estimate(EstimateContext.of(SPEC, distribute_saved_activations=d), full) for d in (False, True))
+    plain, split = (estimate(EstimateContext.of(spec_with(SPEC, **{'parallelism.distribute_saved_activations': d})), full)
+                   for d in (False, True))
     per_layer = plain.memory.activations_bytes - split.memory.activations_bytes
     stored = 2048 * 2 * SPEC.model.hidden_size * 2          # s * b * h, 16-bit, per layer in flight
     layers = SPEC.model.num_layers
@@ -167,5 +169,5 @@ def test_distributed_saved_input_keeps_one_tp_slice_and_pays_one_all_gather_per_
     assert split.comm.tp_s - plain.comm.tp_s == pytest.approx(plain.num_microbatches * layers * gather, rel=1e-6)
     # with sequence parallelism the layer input is already split: the flag changes nothing (Megatron refuses both)
     sp = dataclasses.replace(full, sequence_parallel=True)
-    assert (estimate(EstimateContext.of(SPEC, distribute_saved_activations=True), sp).step_time_s
+    assert (estimate(EstimateContext.of(spec_with(SPEC, **{'parallelism.distribute_saved_activations': True})), sp).step_time_s
             == estimate(EstimateContext.of(SPEC), sp).step_time_s)

@@ -16,8 +16,7 @@ from orchestrator.catalog.gpus import DRIVER_RESERVED_FRACTION, GPUS
 from orchestrator.estimate.cost import CostModel
 from orchestrator.plan import build_plan
 from orchestrator.planner import NoFitError, search
-from tests.published import (MPT_FSDP, case_dropout, case_engine_version, case_loss,
-                                    case_shape_fields, published_estimate, throughput_spec)
+from tests.published import MPT_FSDP, published_estimate, throughput_spec
 from orchestrator.spec_loader import parse_spec
 
 GiB = 2**30
@@ -25,9 +24,8 @@ MPT_1B = next(c for c in MPT_FSDP if c["id"] == "llmfoundry_mpt_1b_fsdp_64gpu")
 
 
 def _search_as_run(case: dict, spec=None, **kwargs):
-    """search() with what the run states beyond its spec (as published_estimate passes it)."""
-    return search(spec or throughput_spec(case), engine_version=case_engine_version(case), dropout=case_dropout(case),
-                  loss=case_loss(case), shape_fields=case_shape_fields(case), **kwargs)
+    """search() on the run's spec (which states the software it ran, as published_estimate plans it)."""
+    return search(spec or throughput_spec(case), **kwargs)
 
 
 def _small_spec():

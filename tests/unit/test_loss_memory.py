@@ -57,7 +57,8 @@ def test_orch_runs_get_their_engines_loss():
     engines = {e: EstimateContext.of(parse_spec({**data, "training": {**data["training"], "engine": e}})).shape.loss
                for e in ("megatron", "deepspeed")}
     assert engines == {"megatron": "vocab_parallel", "deepspeed": "torch"}
-    assert EstimateContext.of(parse_spec(data), loss="xentropy").shape.loss == "xentropy"
+    fused = {**data, "training": {**data["training"], "cross_entropy_impl": "flash_attn_xentropy"}}
+    assert EstimateContext.of(parse_spec(fused)).shape.loss == "xentropy"
 
 
 def test_published_cases_state_their_loss():

@@ -20,6 +20,7 @@ from orchestrator.layout import layout_from_spec
 from orchestrator.estimate.cost import CostModel
 from orchestrator.plan import build_plan
 from tests.published_layouts import layout_case_spec, load_layout_cases, moe_layer_case_shape, predicted_layout
+from tests.spec_variants import spec_with
 from orchestrator.spec_loader import parse_spec
 from tests.conftest import ROOT
 
@@ -193,7 +194,7 @@ def test_current_scaling_lengthens_the_dropless_layer_on_nvidias_qwen3_30b_layou
     case = next(c for c in load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")
                 if c["id"] == "mbridge2602_qwen3_30b_a3b_fp8")
     assert case["fp8_recipe"] == "tensorwise" and (case["pp"], case["vp"], case["ep"], case["mbs"]) == (2, 12, 8, 1)
-    ctx = EstimateContext.of(layout_case_spec(case))
+    ctx = EstimateContext.of(spec_with(layout_case_spec(case), **{"model.moe.router_force_load_balancing": None}))
     key = LayerKey(tp=1, cp=1, ep=8, etp=1, mb=1, sp=False, recompute="none")
     delayed = rank_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key).time
     current = rank_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key, "tensorwise").time

@@ -17,9 +17,9 @@ CASES = ROOT / "tests/data/published-moe-cp-fp8.json"
 
 
 def _moe_shape(**moe):
-    """Qwen3-30B-A3B (128 experts, top 8) as a published row's spec resolves it."""
+    """Qwen3-30B-A3B (128 experts, top 8) as a published row's spec resolves it, on its trained router."""
     case = next(c for c in load_layout_cases(CASES) if c["id"] == "mbridge2606_qwen3_30b_a3b_fp8")
-    shape = model_shape(layout_case_spec(case))
+    shape = dataclasses.replace(model_shape(layout_case_spec(case)), router_force_balance=False)
     return dataclasses.replace(shape, moe=dataclasses.replace(shape.moe, **moe)) if moe else shape
 
 

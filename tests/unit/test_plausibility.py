@@ -11,7 +11,7 @@ from orchestrator.estimate.flops import estimate_flops
 from orchestrator.estimate.plausibility import MFU_MARGIN, mfu_bound, mfu_warnings
 from orchestrator.estimate.step import EstimateContext
 from orchestrator.planner import search
-from tests.published_layouts import layout_case_shape_fields, layout_case_spec, load_layout_cases
+from tests.published_layouts import layout_case_spec, load_layout_cases
 from orchestrator.spec_loader import parse_spec
 
 A100, H100 = GPUS["a100-80gb"], GPUS["h100-sxm"]
@@ -31,7 +31,7 @@ def test_h100_figures_are_the_reference_runs_in_orchs_own_flop_count():
         if case["precision"] != "bf16" or case.get("group") != "bf16-dense":
             continue
         spec = layout_case_spec(case)
-        ctx = EstimateContext.of(spec, shape_fields=layout_case_shape_fields(case))
+        ctx = EstimateContext.of(spec)
         batch, seq = spec.training.global_batch_size, spec.model.seq_length
         per_token = estimate_flops(ctx.shape, batch, "none").model_flops / (batch * seq)
         measured[case["id"]] = case["tokens_per_s_per_gpu"] * per_token / H100.peak_flops["bf16"]

@@ -71,7 +71,10 @@ RULE_CASES = [
       "parallelism.recompute_modules": ["moe", "layernorm"]}, "parallelism.recompute_modules[1]", "delayed scaling"),
     ({**MIXTRAL, "parallelism.recompute": "selective", "parallelism.recompute_modules": ["moe", "moe"]},
      "parallelism.recompute_modules", "lists moe more than once"),
-    ({"model.hidden_dropout": 0.1}, "model.hidden_dropout", "engine(deepspeed) trains orch's reference model"),
+    ({"training.fp8_recipe": "tensorwise"}, "training.fp8_recipe", "needs precision: fp8"),
+    ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute": "selective",
+      "parallelism.distribute_saved_activations": True}, "parallelism.distribute_saved_activations",
+     "needs recompute: full"),
     ({"parallelism.recompute": "selective", "parallelism.recompute_modules": ["core_attn"]},
      "parallelism.recompute_modules", "a Megatron option; engine(deepspeed)"),
 ]
