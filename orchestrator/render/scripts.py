@@ -10,10 +10,11 @@ from functools import lru_cache
 
 from .. import __version__
 from ..plan import Plan
-from ..resize import RESUME_FILE
 from ..resources import data_dir
 
-# The conversion step of a resized run dir (one that holds RESUME_FILE): run once before the ranks start.
+# The conversion step of a resized run dir (one that holds RESUME_FILE, orchestrator.resize's: not imported,
+# resize reaches rundir, which renders these scripts): run once before the ranks start.
+RESUME_FILE = "resume.json"
 CONVERT_MODULE = "orchestrator.train.convert"
 # Credentials: passed through the environment only, never rendered, masked in --dry-run (launch.base).
 SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")

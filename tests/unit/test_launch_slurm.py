@@ -382,6 +382,9 @@ def test_a_failed_conversion_ends_the_job_with_its_code_and_starts_no_rank(tmp_p
 
 
 def test_a_run_dir_without_resume_json_has_no_conversion_step(tmp_path):
+    from orchestrator import render, resize
+
+    assert render.scripts.RESUME_FILE == resize.RESUME_FILE       # the file orch resize writes
     code, log, _ = run_batch_script(tmp_path, send=None)
     assert code == 0 and [line.split(" bash -c")[0] for line in _steps(log)] == [
         "srun --whole --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1"]
