@@ -67,7 +67,7 @@ def _continues(new: Path, losses: dict) -> None:
         assert record["loss"] == pytest.approx(losses[record["step"]], rel=1e-3), record["step"]
 
 
-def test_resized_run_converts_in_its_own_job_step_and_continues(source, slurm_cluster):
+def test_resized_run_converts_in_its_own_job_step_and_continues(source):
     src, losses, before, env = source
     new = _resize(src, src.parent / "resized", env)
     done = orch("launch", str(new), "--backend", "slurm", "--wait", env=env)
@@ -88,10 +88,15 @@ def test_resized_run_converts_in_its_own_job_step_and_continues(source, slurm_cl
     assert _digests(src) == before                          # the source run is untouched
 
 
+def _resized_copy(src: Path, parent: Path, env: dict) -> tuple[Path, Path]:
+    """A copy of the source (its checkpoint to be broken) and a run dir resized from it, under ``parent``."""
+    copy = Path(shutil.copytree(src, parent / "source-copy", ignore=shutil.ignore_patterns("job.json")))
+    return copy, _resize(copy, parent / "resized-broken", env)
+
+
 def test_a_failing_conversion_fails_the_job_before_any_rank_starts(source, tmp_path):
     src, _, before, env = source
-    copy = Path(shutil.copytree(src, tmp_path / HOSTILE / "source-copy", ignore=shutil.ignore_patterns("job.json")))
-    new = _resize(copy, tmp_path / HOSTILE / "resized-broken", env)
+    copy, new = _resized_copy(src, tmp_path / HOSTILE, env)
     victim = max((copy / "checkpoints" / "global_step10").glob("*.pt"), key=lambda p: p.stat().st_size)
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -112,8 +117,8 @@ def test_a_failing_conversion_fails_the_job_before_any_rank_starts(source, tmp_p
 @pytest.mark.pdsh
 def test_over_pdsh_the_first_host_converts_before_the_ranks_start(source, ssh_hosts):
     src, losses, before, _ = source
-    new = _resize(src, src.parent / "resized-pdsh", launch_env(ssh_hosts.env))
     env = launch_env(ssh_hosts.env)
+    new = _resize(src, src.parent / "resized-pdsh", env)
     done = orch("launch", str(new), "--backend", "pdsh", "--wait", env=env)
     log = (new / "logs" / "launch.log").read_text()
     assert done.returncode == 0, f"{done.stderr[-2000:]}\n{log[-4000:]}"
@@ -128,8 +133,7 @@ def test_over_pdsh_the_first_host_converts_before_the_ranks_start(source, ssh_ho
 def test_over_pdsh_a_failing_conversion_fails_the_job_on_the_first_host(source, ssh_hosts, tmp_path):
     src, _, before, _ = source
     env = launch_env(ssh_hosts.env)
-    copy = Path(shutil.copytree(src, tmp_path / HOSTILE / "source-copy", ignore=shutil.ignore_patterns("job.json")))
-    new = _resize(copy, tmp_path / HOSTILE / "resized-broken", env)
+    copy, new = _resized_copy(src, tmp_path / HOSTILE, env)
     (copy / "checkpoints" / "global_step10" / "orch_checkpoint.json").unlink()
     done = orch("launch", str(new), "--backend", "pdsh", "--wait", env=env)
     log = (new / "logs" / "launch.log").read_text()
