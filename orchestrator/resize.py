@@ -59,9 +59,18 @@ def resize_spec(source: Spec, *, nodes: int, gpus_per_node: int | None = None, s
     ``scale_batch``: see scaled_batch_spec)."""
     cluster = dataclasses.replace(source.cluster, num_nodes=nodes,
                                   gpus_per_node=gpus_per_node or source.cluster.gpus_per_node)
-    spec = dataclasses.replace(source, cluster=cluster,
+    spec = dataclasses.replace(source, cluster=cluster, launch=_pdsh_hosts_for(source.launch, nodes),
                                parallelism=dataclasses.replace(source.parallelism, data=None, **(layout or {})))
     return scaled_batch_spec(source, spec) if scale_batch else spec
+
+
+def _pdsh_hosts_for(launch, nodes: int):
+    """Fewer nodes than the source's pdsh hosts: the first ``nodes`` of them (the first host stays the master);
+    more: the list is kept, and validation names launch.pdsh.hosts (use generate --resume-from with more hosts)."""
+    hosts = list(launch.pdsh.hosts)
+    if len(hosts) <= nodes:
+        return launch
+    return dataclasses.replace(launch, pdsh=dataclasses.replace(launch.pdsh, hosts=hosts[:nodes]))
 
 
 def _dp(spec: Spec) -> int | None:
@@ -307,6 +316,9 @@ def plan_resize(source_dir: str | Path, new_spec: Spec | None = None, *, nodes: 
         spec = new_spec
     check_kept(source, spec)
     notes = []
+    if new_spec is None and list(spec.launch.pdsh.hosts) != list(source.launch.pdsh.hosts):
+        notes.append(f"launch.pdsh.hosts: the first {len(spec.launch.pdsh.hosts)} of the source's hosts "
+                     f"({', '.join(spec.launch.pdsh.hosts)})")
     src_ckpt, step = source_checkpoint(run, step)
     ckpt = Path(spec.training.checkpoint.dir)
     if ckpt.is_absolute() and ckpt.resolve() == src_ckpt.resolve():

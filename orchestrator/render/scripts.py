@@ -12,6 +12,10 @@ from .. import __version__
 from ..plan import Plan
 from ..resources import data_dir
 
+# The conversion step of a resized run dir (one that holds RESUME_FILE, orchestrator.resize's: not imported,
+# resize reaches rundir, which renders these scripts): run once before the ranks start.
+RESUME_FILE = "resume.json"
+CONVERT_MODULE = "orchestrator.train.convert"
 # Credentials: passed through the environment only, never rendered, masked in --dry-run (launch.base).
 SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
@@ -130,7 +134,7 @@ def render_sbatch(plan: Plan) -> str:
     return _render("slurm.sbatch.j2", header=header(plan), sbatch_lines=sbatch_directives(plan),
                    env_lines=_export_lines(plan), procs_per_node=plan.procs_per_node,
                    torchrun_signals=TORCHRUN_SIGNALS, signal_note=signal_note, on_stop_lines=_sbatch_on_stop(plan),
-                   entry_module=entry_module(plan))
+                   entry_module=entry_module(plan), resume_file=RESUME_FILE, convert_module=CONVERT_MODULE)
 
 
 # --- pdsh ----------------------------------------------------------------------------------------------
@@ -170,7 +174,8 @@ def render_pdsh(plan: Plan) -> str:
                    remote_env=remote_env, forward_patterns=forward,
                    secret_patterns="|".join((*SECRET_ENV, *PDSH_NEVER_FORWARD)),
                    num_nodes=plan.num_nodes, procs_per_node=plan.procs_per_node,
-                   torchrun_signals=TORCHRUN_SIGNALS, pythonpath_line=SAFE_PYTHONPATH, entry_module=entry_module(plan))
+                   torchrun_signals=TORCHRUN_SIGNALS, pythonpath_line=SAFE_PYTHONPATH, entry_module=entry_module(plan),
+                   resume_file=RESUME_FILE, convert_module=CONVERT_MODULE)
 
 
 def render_hostfile(plan: Plan) -> str:

@@ -48,10 +48,12 @@ for rank, host in enumerate(hosts):
 sys.exit(max(codes))
 """
 FAKE_PYTHON = r"""#!/usr/bin/env python3
-# Stand-in for the ranks' python: records how it was called.
+# Stand-in for the ranks' python: records how it was called (the conversion step exits TORCH_FAKE_CONVERT_EXIT).
 import json, os, sys
 with open(os.environ.get("FAKE_OUT", "/dev/null"), "a") as f:
     f.write(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}) + "\n")
+if "orchestrator.train.convert" in sys.argv:
+    sys.exit(int(os.environ.get("TORCH_FAKE_CONVERT_EXIT", "0")))
 """
 
 
@@ -102,6 +104,35 @@ def test_hostile_run_dir_reaches_every_rank_quoted(tmp_path):
     assert argv[:7] == ["-S", "-R", "ssh", "-f", "1024", "-w", "orch-n1,orch-n2"]
     assert "s3cret" not in json.dumps(pdsh_call)
     assert "-p 2222" in pdsh_call["ssh_args"] and "SendEnv=WANDB_API_KEY" in pdsh_call["ssh_args"]
+
+
+def test_a_resized_run_converts_once_on_the_first_host_before_the_ranks(tmp_path):
+    parent = tmp_path / HOSTILE_DIR
+    parent.mkdir()
+    run = make_run(parent, "the run")
+    (run / "resume.json").write_text("{}")
+    _, calls = run_script(tmp_path, run)
+    assert not list(tmp_path.rglob("PWNED*")), "a value was executed by a shell"
+    convert, *ranks = calls
+    assert convert["argv"] == ["-m", "orchestrator.train.convert", str(run)] and convert["cwd"] == str(run)
+    assert convert["env"]["ORCH_RUN_ID"] == "abc123" and convert["env"]["ORCH_HOST"] == "orch-n1"
+    assert convert["env"]["DS_ACCELERATOR"] == "cpu" and "WANDB_API_KEY" not in convert["env"]
+    assert [c["argv"][:2] for c in ranks] == [["-m", "torch.distributed.run"]] * 2
+
+
+def test_a_failed_conversion_ends_the_script_with_its_code_before_any_rank(tmp_path):
+    run = make_run(tmp_path)
+    (run / "resume.json").write_text("{}")
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        run_script(tmp_path, run, TORCH_FAKE_CONVERT_EXIT="5")
+    assert e.value.returncode == 5
+    calls = [json.loads(line) for line in (tmp_path / "python-calls.jsonl").read_text().splitlines()]
+    assert [c["argv"][1] for c in calls] == ["orchestrator.train.convert"]
+
+
+def test_a_run_dir_without_resume_json_has_no_conversion_step(tmp_path):
+    _, calls = run_script(tmp_path, make_run(tmp_path))
+    assert [c["argv"][1] for c in calls] == ["torch.distributed.run"] * 2
 
 
 def test_script_is_valid_bash_and_holds_no_secret(tmp_path, monkeypatch):

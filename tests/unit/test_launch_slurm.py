@@ -291,12 +291,18 @@ def test_sweep_is_one_array_over_run_dirs(tmp_path):
 
 FAKE_SRUN = """#!/bin/bash
 # Stand-in for srun: one "task" that works until USR1/TERM, then exits like torchrun after a checkpoint.
+# The conversion step's command runs (its python is FAKE_PYTHON), as step 0 on orch-n1.
 echo "srun $*" >> "$FAKE_LOG"
+if [ "$4" = --job-name=orch-convert ]; then shift 4; SLURM_STEP_ID=0 SLURMD_NODENAME=orch-n1 exec "$@"; fi
 trap 'echo "task got USR1" >> "$FAKE_LOG"; exit 1' USR1
 trap 'echo "task got TERM" >> "$FAKE_LOG"; exit 1' TERM
 echo ready > "$FAKE_READY"
 for _ in $(seq "${FAKE_TASK_TICKS:-200}"); do sleep 0.05; done
 exit "${FAKE_TASK_EXIT:-0}"
+"""
+FAKE_PYTHON = """#!/bin/bash
+printf 'python' >> "$FAKE_LOG"; printf ' [%s]' "$@" >> "$FAKE_LOG"; echo >> "$FAKE_LOG"
+exit "${FAKE_CONVERT_EXIT:-0}"
 """
 FAKE_SCONTROL = """#!/bin/bash
 echo "scontrol $*" >> "$FAKE_LOG"
@@ -304,17 +310,21 @@ if [ "$1 $2" = "show hostnames" ]; then echo orch-n1; echo orch-n2; fi
 """
 
 
-def run_batch_script(tmp_path: Path, *, send: int | None, task_exit: int = 0, **spec) -> tuple[int, str, str]:
-    run = make_run(tmp_path, **spec)
+def run_batch_script(tmp_path: Path, *, send: int | None, task_exit: int = 0, resized: bool = False,
+                     convert_exit: int = 0, name: str = "run", **spec) -> tuple[int, str, str]:
+    run = make_run(tmp_path, name, **spec)
+    if resized:
+        (run / "resume.json").write_text("{}")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+    for name, body in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL), ("python", FAKE_PYTHON)):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     log, ready = tmp_path / "fake.log", tmp_path / "ready"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(log), "FAKE_READY": str(ready),
            "FAKE_TASK_EXIT": str(task_exit), "FAKE_TASK_TICKS": "200" if send else "4", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "orch-n[1-2]",
-           "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(run), "MASTER_PORT": "29999"}
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(run), "MASTER_PORT": "29999",
+           "ORCH_PYTHON": str(bin_dir / "python"), "FAKE_CONVERT_EXIT": str(convert_exit)}
     proc = subprocess.Popen(["bash", str(run / "launch.sbatch")], env=env, cwd=run, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + scaled_s(20)
@@ -350,6 +360,39 @@ def test_term_is_passed_on_and_never_requeues(tmp_path):
 def test_the_steps_exit_code_is_the_jobs(tmp_path):
     code, log, _ = run_batch_script(tmp_path, send=None, task_exit=3)
     assert code == 3 and "scontrol requeue" not in log
+
+
+def test_a_resized_run_converts_in_a_step_of_its_own_before_the_ranks(tmp_path):
+    name = "run $(touch PWNED); x'y"
+    code, log, err = run_batch_script(tmp_path, send=None, resized=True, name=name)
+    assert code == 0, err
+    convert, python, ranks = _steps(log)
+    assert convert.startswith("srun --whole --nodes=1 --ntasks=1 --job-name=orch-convert bash -c")
+    assert python == f"python [-m] [orchestrator.train.convert] [{tmp_path / name}]"
+    assert ranks.startswith("srun --whole --kill-on-bad-exit=1 --nodes=2")
+    assert "orch: step 42.0 on orch-n1: converting the checkpoint of the resized run" in err
+    assert "the checkpoint conversion step is done" in err
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
+def test_a_failed_conversion_ends_the_job_with_its_code_and_starts_no_rank(tmp_path):
+    code, log, err = run_batch_script(tmp_path, send=None, resized=True, convert_exit=4)
+    assert code == 4 and len(_steps(log)) == 2 and "--nodes=2" not in log
+    assert "the checkpoint conversion step failed with exit code 4; no rank started" in err
+
+
+def test_a_run_dir_without_resume_json_has_no_conversion_step(tmp_path):
+    from orchestrator import render, resize
+
+    assert render.scripts.RESUME_FILE == resize.RESUME_FILE       # the file orch resize writes
+    code, log, _ = run_batch_script(tmp_path, send=None)
+    assert code == 0 and [line.split(" bash -c")[0] for line in _steps(log)] == [
+        "srun --whole --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1"]
+
+
+def _steps(log: str) -> list[str]:
+    """The srun calls and the conversion's python call, in order."""
+    return [line for line in log.splitlines() if line.startswith(("srun ", "python ["))]
 
 
 # --- the CLI --------------------------------------------------------------------------------------------

@@ -189,3 +189,19 @@ def test_an_expert_grid_the_new_size_cannot_hold_names_the_nearest_sizes():
         check_size(lambda n: resize_spec(source, nodes=n, gpus_per_node=1), 1, 1)
     assert ("the expert grid expert(2) * expert_tensor(1) = 2 needs a multiple of 2 ranks per pipeline stage, this "
             "size has 1 (nearest sizes that work: --nodes 2 (2 GPUs))") in str(error.value)
+
+
+def test_resizing_a_pdsh_run_to_fewer_nodes_keeps_its_first_hosts(tmp_path, capsys):
+    run = tmp_path / "src-pdsh"
+    spec = _spec_file(tmp_path, **{"cluster.num_nodes": 2, "cluster.gpus_per_node": 1, "launch": {"backend": "pdsh",
+                                   "pdsh": {"hosts": ["node-a", "node-b"]}}})
+    assert orch("generate", str(spec), "-o", str(run)) == 0
+    step_dir = run / "checkpoints" / checkpoint.tag_for(SOURCE_STEP)
+    step_dir.mkdir(parents=True)
+    (step_dir / "stand-in.bin").write_bytes(b"weights")
+    assert checkpoint.write_manifest(run / "checkpoints", SOURCE_STEP) is None
+    capsys.readouterr()
+    assert orch("resize", str(run), "--nodes", "1", "-o", str(tmp_path / "new")) == 0   # 2 hosts for 1 node: refused before
+    assert "launch.pdsh.hosts: the first 1 of the source's hosts (node-a)" in capsys.readouterr().err
+    assert read_run_dir(tmp_path / "new").spec.launch.pdsh.hosts == ["node-a"]
+    assert "HOSTS=node-a\n" in (tmp_path / "new" / "launch_pdsh.sh").read_text()

@@ -30,5 +30,20 @@ done
 export PDSH_RCMD_TYPE=ssh
 export PDSH_SSH_ARGS_APPEND="${PDSH_SSH_ARGS_APPEND:-} "'-p 22 -o BatchMode=yes -o SendEnv=WANDB_API_KEY -o SendEnv=HF_TOKEN -o SendEnv=HUGGING_FACE_HUB_TOKEN'
 # -S: exit with the largest remote exit code (without it pdsh exits 0 even when a node fails).
+# A resized run dir (resume.json, from orch resize): its checkpoint conversion runs once, on the first host,
+# before any rank starts; when it fails the job ends with its code and no rank starts. It is idempotent (a
+# verified conversion is reused; once the run has a checkpoint of its own there is nothing to convert).
+if [ -f "$RUN_DIR/resume.json" ]; then
+  first_host="${HOSTS%%,*}"
+  echo "orch: converting the checkpoint of the resized run on $first_host before any rank starts" >&2
+  if pdsh -S -R ssh -w "$first_host" \
+      "cd $(q "$RUN_DIR") && exec env ORCH_RUN_ID=$(q "$RUN_ID") ORCH_HOST=%h $remote_env $(q "$PYTHON") -m orchestrator.train.convert $(q "$RUN_DIR")"; then
+    echo "orch: the checkpoint conversion is done" >&2
+  else
+    code=$?
+    echo "orch: the checkpoint conversion on $first_host failed with exit code $code; no rank started" >&2
+    exit "$code"
+  fi
+fi
 exec pdsh -S -R ssh -f 1024 -w "$HOSTS" \
   "cd $(q "$RUN_DIR") && exec env ORCH_RUN_ID=$(q "$RUN_ID") ORCH_HOST=%h $remote_env TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank\${rank}]:' $(q "$PYTHON") -m torch.distributed.run --nnodes=8 --node_rank=%n --nproc_per_node=8 --master_addr=$(q "$MASTER_ADDR") --master_port=$(q "$MASTER_PORT") --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 --log-dir=$(q "$RUN_DIR/logs/torchrun")/%h --redirects=3 --tee=3 -m $(q "${ORCH_ENTRY:-orchestrator.train}") $(q "$RUN_DIR")"
