@@ -117,6 +117,12 @@ def headroom_warning(spec: Spec, ctx: EstimateContext, chosen: LayoutEstimate) -
     mem = chosen.memory
     if mem.within_headroom:
         return []
+    if mem.tight:
+        return [f"memory: tight: {_gib(mem.total_bytes)} estimated on the {mem.stage} pipeline stage against "
+                f"{_gib(mem.capacity_bytes)} the GPU can hold; it fits only without the allocator-fragmentation "
+                f"estimate ({_gib(mem.floor_bytes)} counted), as runs of this layout have; expect allocator "
+                f"pressure / OOM risk (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps); "
+                f"{_margin_hints(spec, ctx, chosen.layout)}."]
     return [f"memory: inside the {ctx.cost.hbm_headroom:.0%} headroom: {_gib(mem.total_bytes)} of "
             f"{_gib(mem.capacity_bytes)} the GPU can hold ({_gib(mem.usable_bytes)} within the headroom) on the "
             f"{mem.stage} pipeline stage, and no layout stays within it; expect allocator pressure / OOM risk; "
