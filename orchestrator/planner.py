@@ -119,9 +119,9 @@ def headroom_warning(spec: Spec, ctx: EstimateContext, chosen: LayoutEstimate) -
         return []
     if mem.tight:
         return [f"memory: tight: {_gib(mem.total_bytes)} estimated on the {mem.stage} pipeline stage against "
-                f"{_gib(mem.capacity_bytes)} the GPU can hold; it fits only without the allocator-fragmentation "
-                f"estimate ({_gib(mem.floor_bytes)} counted), as runs of this layout have; expect allocator "
-                f"pressure / OOM risk (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps); "
+                f"{_gib(mem.capacity_bytes)} the GPU can hold; it fits only if the allocator fragments less than the "
+                f"{ctx.cost.fragmentation:.0%} estimated ({_gib(mem.floor_bytes)} counted without it); expect "
+                f"allocator pressure / OOM risk (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps); "
                 f"{_margin_hints(spec, ctx, chosen.layout)}."]
     return [f"memory: inside the {ctx.cost.hbm_headroom:.0%} headroom: {_gib(mem.total_bytes)} of "
             f"{_gib(mem.capacity_bytes)} the GPU can hold ({_gib(mem.usable_bytes)} within the headroom) on the "
@@ -449,7 +449,8 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
     mem = top.memory
     host = f"; {_gib(mem.host_bytes)} offloaded to host memory" if mem.host_bytes else ""
     room = (f"{_gib(mem.usable_bytes)} usable" if mem.within_headroom
-            else f"{_gib(mem.capacity_bytes)} capacity ({_gib(mem.usable_bytes)} within the headroom)")
+            else f"{_gib(mem.capacity_bytes)} capacity ({_gib(mem.usable_bytes)} within the headroom"
+            + (f"; tight: {_gib(mem.floor_bytes)} without the fragmentation estimate)" if mem.tight else ")"))
     lines.append(f"memory: {_gib(mem.total_bytes)} of {room} on the {mem.stage} "
                  f"pipeline stage ({memory_breakdown(mem)}){host}.")
     if best_overall.step_time_s < top.step_time_s * 0.999 and not best_overall.within_headroom:
