@@ -526,7 +526,8 @@ def _no_fit(spec: Spec, ctx: EstimateContext, scored: list[_Scored]) -> NoFitErr
     limit = (f"the {_gib(mem.capacity_bytes)} capacity per GPU ({spec.cluster.gpu}: {_gib(mem.hbm_bytes)} HBM less "
              f"what the driver keeps; the planner's {ctx.cost.hbm_headroom:.0%} headroom would leave "
              f"{_gib(mem.usable_bytes)}; {_gib(mem.host_capacity_bytes)} host memory per GPU for offload)")
-    needs = f"needs {_gib(mem.total_bytes)} on the {mem.stage} pipeline stage: {memory_breakdown(mem)}"
+    needs = (f"needs {_gib(mem.total_bytes)} on the {mem.stage} pipeline stage ({_gib(mem.floor_bytes)} even "
+             f"without the fragmentation estimate): {memory_breakdown(mem)}")
     if layout_from_spec(spec).is_complete:
         message = f"the layout fixed in the spec, {describe(est)}, does not fit in {limit}: it {needs}"
     else:
