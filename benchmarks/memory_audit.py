@@ -88,6 +88,10 @@ def deepspeed_reference(total_params: float, largest_layer: float, zero_stage: i
             "other": live}
 
 
+def _states(mem) -> float:
+    return mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes
+
+
 def orch_terms(mem) -> dict:
     return {"params": mem.params_bytes, "grads": mem.grads_bytes, "optimizer": mem.optimizer_bytes,
             "activations": mem.activations_bytes, "other": mem.other_bytes}
@@ -145,10 +149,16 @@ def cpu_peaks() -> list[str]:
         lay = next(iter(enumerate_layouts(spec)))
         mem = estimate(EstimateContext.of(spec), lay).memory
         predicted[run["id"]] = mem
+        if lay.zero_stage >= 1:
+            psi = params_of(EstimateContext.of(spec), lay)
+            ds = deepspeed_reference(psi.per_gpu, psi.largest_layer_per_gpu, lay.zero_stage, lay.dp,
+                                     spec.cluster.gpus_per_node)
+            out.append(f"  {run['id']}: model states orch {_states(mem) / 2**20:.0f} MiB ({spec.training.precision}), "
+                       f"DeepSpeed's estimator {sum(ds.values()) / 2**20:.0f} MiB (it assumes 16-bit mixed precision)")
         out.append(f"  {run['id']}: measured peak {run['mem_peak_bytes'] / 2**20:7.0f} MiB, orch total "
                    f"{mem.total_bytes / 2**20:7.0f} MiB (floor {mem.floor_bytes / 2**20:.0f}; activations "
                    f"{mem.activations_bytes / 2**20:.0f}, states "
-                   f"{(mem.params_bytes + mem.grads_bytes + mem.optimizer_bytes) / 2**20:.0f})")
+                   f"{_states(mem) / 2**20:.0f})")
     for a, b, what in data.get("differences", []):
         meas = next(r for r in data["runs"] if r["id"] == a)["mem_peak_bytes"] - \
             next(r for r in data["runs"] if r["id"] == b)["mem_peak_bytes"]
