@@ -114,6 +114,12 @@ def headroom_warning(spec: Spec, ctx: EstimateContext, chosen: LayoutEstimate) -
     mem = chosen.memory
     if mem.within_headroom:
         return []
+    if mem.tight:
+        return [f"memory: tight: {_gib(mem.total_bytes)} estimated on the {mem.stage} pipeline stage against "
+                f"{_gib(mem.capacity_bytes)} the GPU can hold; it fits only if the allocator fragments less than the "
+                f"{ctx.cost.fragmentation:.0%} estimated ({_gib(mem.floor_bytes)} counted without it); expect "
+                f"allocator pressure / OOM risk (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps); "
+                f"{_margin_hints(spec, ctx, chosen.layout)}."]
     return [f"memory: inside the {ctx.cost.hbm_headroom:.0%} headroom: {_gib(mem.total_bytes)} of "
             f"{_gib(mem.capacity_bytes)} the GPU can hold ({_gib(mem.usable_bytes)} within the headroom) on the "
             f"{mem.stage} pipeline stage, and no layout stays within it; expect allocator pressure / OOM risk; "
@@ -440,7 +446,8 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
     mem = top.memory
     host = f"; {_gib(mem.host_bytes)} offloaded to host memory" if mem.host_bytes else ""
     room = (f"{_gib(mem.usable_bytes)} usable" if mem.within_headroom
-            else f"{_gib(mem.capacity_bytes)} capacity ({_gib(mem.usable_bytes)} within the headroom)")
+            else f"{_gib(mem.capacity_bytes)} capacity ({_gib(mem.usable_bytes)} within the headroom"
+            + (f"; tight: {_gib(mem.floor_bytes)} without the fragmentation estimate)" if mem.tight else ")"))
     lines.append(f"memory: {_gib(mem.total_bytes)} of {room} on the {mem.stage} "
                  f"pipeline stage ({memory_breakdown(mem)}){host}.")
     if best_overall.step_time_s < top.step_time_s * 0.999 and not best_overall.within_headroom:
@@ -516,7 +523,8 @@ def _no_fit(spec: Spec, ctx: EstimateContext, scored: list[_Scored]) -> NoFitErr
     limit = (f"the {_gib(mem.capacity_bytes)} capacity per GPU ({spec.cluster.gpu}: {_gib(mem.hbm_bytes)} HBM less "
              f"what the driver keeps; the planner's {ctx.cost.hbm_headroom:.0%} headroom would leave "
              f"{_gib(mem.usable_bytes)}; {_gib(mem.host_capacity_bytes)} host memory per GPU for offload)")
-    needs = f"needs {_gib(mem.total_bytes)} on the {mem.stage} pipeline stage: {memory_breakdown(mem)}"
+    needs = (f"needs {_gib(mem.total_bytes)} on the {mem.stage} pipeline stage ({_gib(mem.floor_bytes)} even "
+             f"without the fragmentation estimate): {memory_breakdown(mem)}")
     if layout_from_spec(spec).is_complete:
         message = f"the layout fixed in the spec, {describe(est)}, does not fit in {limit}: it {needs}"
     else:

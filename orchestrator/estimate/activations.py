@@ -141,7 +141,8 @@ def estimate_activations(shape: ModelShape, tp: int, pp: int, vpp: int, sp: bool
             stage_layer[name] = partial_full_recompute_bytes(per_layer, working, layers / vpp,
                                                              shape.recompute_method, shape.recompute_num_layers)
     sbh = shape.seq_length * micro_batch * shape.hidden_size
-    embedding_out = (dtype_bytes + mask_bytes(shape)) * sbh // (tp if sp else 1)   # embedding (dropout) out + mask
+    # The embedding's output is the first layer's input (counted there); its dropout adds only the mask.
+    embedding_out = mask_bytes(shape) * sbh // (tp if sp else 1)
     first_chunks = in_flight_chunks(0, pp, vpp, num_microbatches) // vpp or 1
     logits = logits_bytes(shape, padded_vocab, tp, micro_batch, dtype_bytes)
     # The logits buffers and the recompute working set are never live together: the loss and the output

@@ -154,7 +154,8 @@ class CostModel:
     # unallocated" (2.4%; vllm-project/compressed-tensors PR #587), while torchtune measured 16.39 ->
     # 10.83 GiB peak with expandable_segments (a third of the peak was fragmentation; meta-pytorch/torchtune
     # issue #1185), and ZeRO (Rajbhandari et al. 2020, section 6.3) saw OOM with 30% of memory free in
-    # extreme cases of interleaved short- and long-lived activations.
+    # extreme cases of interleaved short- and long-lived activations. Uncertain, so left out of the floor that
+    # decides what fits (MemoryEstimate.floor_bytes; a layout past the capacity only with it is "tight").
     fragmentation: float = 0.10
     # Planner policy, not a physical limit: the planner prefers layouts whose total_bytes <= (1 - hbm_headroom)
     # * HBM (MemoryEstimate.within_headroom) and falls back, with a warning, to those within the device's

@@ -1,7 +1,9 @@
 """Memory of the busiest GPU: model states (ZeRO 0-3, offload), activations and framework overheads.
 
 Model states follow ZeRO (Rajbhandari et al. 2020, section 3.1 and Table 1), or DeepSpeed's own estimator with
-``accounting="deepspeed"``. The formulas, the overheads and what fits: docs/cost-model.md, "estimate/memory.py".
+``accounting="deepspeed"``. A layout fits when its floor (every term but the allocator's fragmentation, which
+is our estimate, not a count) is within the capacity; past the capacity with fragmentation it is "tight".
+The formulas, the overheads and what fits: docs/cost-model.md, "estimate/memory.py".
 """
 from __future__ import annotations
 
@@ -83,15 +85,23 @@ class OverheadEstimate:
         return (self.cuda_context_bytes + self.nccl_bytes + self.dp_bucket_bytes + self.zero3_live_bytes
                 + self.fragmentation_bytes)
 
+    @property
+    def uncertain_bytes(self) -> float:
+        """What no allocation counts (the fragmentation estimate): left out of the floor."""
+        return self.fragmentation_bytes
+
 
 def estimate_overheads(cost: CostModel, *, num_groups: int, dp: int, zero_stage: int, local_grad_bytes: float,
                        largest_layer_params: int, activations_bytes: float, dtype_bytes: int = 2,
-                       runtime_bytes: int | None = None) -> OverheadEstimate:
+                       runtime_bytes: int | None = None, bucket_views: bool = False) -> OverheadEstimate:
     """The explicit overhead terms for one GPU (see CostModel for each default's reason).
 
-    ``runtime_bytes`` replaces the CUDA context where the accelerator has none (the catalog's cpu entry).
+    ``runtime_bytes`` replaces the CUDA context where the accelerator has none (the catalog's cpu entry);
+    ``bucket_views``: the gradient buckets are views into the contiguous gradient buffer the model states
+    already count (Megatron-Core's DistributedDataParallel and distributed optimizer, param_and_grad_buffer.py),
+    so they add nothing (Megatron FSDP's are transient buffers of their own: counted).
     """
-    buckets = 2 * min(local_grad_bytes, cost.dp_bucket_bytes) if dp > 1 else 0.0
+    buckets = 2 * min(local_grad_bytes, cost.dp_bucket_bytes) if dp > 1 and not bucket_views else 0.0
     live = ZERO3_LIVE_FACTOR * largest_layer_params * dtype_bytes / 2 if zero_stage == 3 else 0.0
     context = cost.cuda_context_bytes if runtime_bytes is None else runtime_bytes
     return OverheadEstimate(cuda_context_bytes=context,
@@ -116,6 +126,7 @@ class MemoryEstimate:
     stage: str = "first"         # the busiest pipeline stage: "first", "last" or "middle" (stage 1, pp > 2)
     overheads: OverheadEstimate | None = field(default=None, compare=False)
     stage_totals: dict = field(default_factory=dict, compare=False)   # peak bytes per rank of every stage kind
+    floor_peak_bytes: float | None = None   # the largest floor_bytes of every stage kind (None: this stage's)
 
     @property
     def total_bytes(self) -> float:
@@ -123,9 +134,23 @@ class MemoryEstimate:
                 + self.other_bytes)
 
     @property
+    def floor_bytes(self) -> float:
+        """What the GPU certainly holds: every term but the fragmentation estimate (OverheadEstimate.uncertain_bytes)."""
+        uncertain = self.overheads.uncertain_bytes if self.overheads is not None else 0.0
+        return self.total_bytes - uncertain
+
+    @property
     def fits(self) -> bool:
-        """Physically: the busiest GPU's bytes within the device's capacity, the offloaded ones within the host's."""
-        return self.total_bytes <= self.capacity_bytes and self.host_bytes <= self.host_capacity_bytes
+        """Physically: the floor of every pipeline stage within the device's capacity, the offloaded bytes within
+        the host's. Where a term is uncertain the floor takes its lower bound, so a layout that ran is never
+        refused; one that fits only so is ``tight`` (the planner warns)."""
+        floor = self.floor_bytes if self.floor_peak_bytes is None else max(self.floor_bytes, self.floor_peak_bytes)
+        return floor <= self.capacity_bytes and self.host_bytes <= self.host_capacity_bytes
+
+    @property
+    def tight(self) -> bool:
+        """Fits on its floor, but not with the fragmentation estimate: expect allocator pressure."""
+        return self.fits and self.total_bytes > self.capacity_bytes
 
     @property
     def within_headroom(self) -> bool:
@@ -138,6 +163,7 @@ class MemoryEstimate:
             "total_bytes", "hbm_bytes", "usable_bytes", "capacity_bytes", "host_bytes")}
         d["host_capacity_bytes"] = int(min(self.host_capacity_bytes, 2**62))
         d.update(fits=self.fits, within_headroom=self.within_headroom, stage=self.stage)
+        d.update(floor_bytes=int(round(self.floor_bytes)), tight=self.tight)
         if self.overheads is not None:
             d["other"] = {k: int(round(v)) for k, v in vars(self.overheads).items()}
         if self.stage_totals:

@@ -47,7 +47,7 @@ from .recompute import module_savings
 from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
 from .params import (ModelShape, ParamsEstimate, ds_layer_modules, estimate_params, expert_params_per_layer_per_rank,
-                     largest_module_per_rank)
+                     largest_module_per_rank, layer_params_per_rank)
 from .pipeline import bubble_fraction, pipeline_time_s
 from .precision import fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
 from .uncertainty import layout_uncertainty, regime_of
@@ -184,8 +184,9 @@ def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> 
                                   ctx.precision)
     if uses_bf16_optimizer(ctx, lay):          # a full fp32 copy of every gradient besides the bf16 one
         dense = dataclasses.replace(dense, grads_bytes=dense.grads_bytes + 4 * (psi - expert))
-    if ctx.precision == "fp8":
-        dense = ModelStatesEstimate(dense.params_bytes + fp8_weight_bytes(psi), dense.grads_bytes,
+    if ctx.precision == "fp8":   # Transformer Engine's fp8 copies: the layers' GEMM weights, not the vocabulary's
+        fp8_params = min(psi, layers * layer_params_per_rank(ctx.shape, lay.tp, lay.ep, lay.etp))
+        dense = ModelStatesEstimate(dense.params_bytes + fp8_weight_bytes(fp8_params), dense.grads_bytes,
                                     dense.optimizer_bytes, dense.host_bytes)
     if not expert:
         return dense
@@ -212,10 +213,11 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
         over = estimate_overheads(cost, num_groups=groups, dp=lay.dp, zero_stage=lay.zero_stage,
                                   local_grad_bytes=psi * hw.dtype_bytes,
                                   largest_layer_params=zero3_gather_unit(ctx, lay, params), activations_bytes=act,
-                                  dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes)
+                                  dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes,
+                                  bucket_views=ctx.engine == "megatron" and lay.zero_stage < 3)
         stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, capacity_bytes=hw.capacity_bytes,
                                    headroom=cost.hbm_headroom, stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
-    busiest = busiest_stage(*stages)
+    busiest = dataclasses.replace(busiest_stage(*stages), floor_peak_bytes=max(m.floor_bytes for m in stages))
     return with_stage_totals(busiest, stages) if stage_totals else busiest
 
 

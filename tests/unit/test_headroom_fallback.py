@@ -60,7 +60,7 @@ def test_within_headroom_is_ranked_first():
 
 
 def test_fallback_plans_the_fastest_within_capacity_with_a_warning():
-    """The published MPT-1b row (77.0 GiB modelled; 76.0 within the headroom, 79.2 capacity) is planned."""
+    """The published MPT-1b row (76.8 GiB modelled; 76.0 within the headroom, 79.2 capacity) is planned."""
     result = _search_as_run(MPT_1B, top_k=1)
     mem = result.chosen.memory
     assert mem.fits and not mem.within_headroom
@@ -77,8 +77,8 @@ def test_orch_plan_prints_the_headroom_warning():
 
     result = _search_as_run(MPT_1B, top_k=1)
     text = render_plan(throughput_spec(MPT_1B), result, width=400, wide=True)
-    assert "- memory: 77.0 GiB of 79.2 GiB capacity (76.0 GiB within the headroom)" in text
-    assert "- memory: inside the 5% headroom: 77.0 GiB of 79.2 GiB" in text
+    assert "- memory: 76.8 GiB of 79.2 GiB capacity (76.0 GiB within the headroom)" in text
+    assert "- memory: inside the 5% headroom: 76.8 GiB of 79.2 GiB" in text
 
 
 def test_no_fit_error_only_beyond_capacity():

@@ -91,7 +91,9 @@ def test_fp8_is_faster_than_bf16_and_costs_a_weight_copy():
     f = parse_spec({**_data(s), "training": {"global_batch_size": 256, "precision": "fp8"}})
     bf16, fp8 = estimate_layout(s, layout_from_spec(s)), estimate_layout(f, layout_from_spec(f))
     assert 1.2 < fp8.tokens_per_s / bf16.tokens_per_s < 2.0
-    assert fp8.memory.params_bytes - bf16.memory.params_bytes == pytest.approx(8.03e9, rel=0.02)
+    # One fp8 byte per weight of the 32 layers (6.98e9); the embedding and the output layer (2 x 128256 x 4096)
+    # run no fp8 GEMM and keep no fp8 copy.
+    assert fp8.memory.params_bytes - bf16.memory.params_bytes == pytest.approx(6.98e9, rel=0.01)
 
 
 def test_fine_grained_moe_layer_takes_at_least_its_host_launch_time():
