@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OrchError, SpecError
-from ..resize import RESUME_FILE
+from ..resize import METHODS, RESUME_FILE, UNIVERSAL_PARAMS
 from . import checkpoint
 
 RESUME_DIR = "resume"
@@ -30,7 +30,8 @@ class ResumeSource:
 
     ckpt_dir: Path       # holds global_step<step>
     step: int
-    method: str          # "copy" | "universal"
+    method: str          # one of resize.METHODS
+    source_pp: int = 1   # the source's pipeline stages (names its universal parameters: model.gpt_param_name)
 
     def ds_config(self, config: dict) -> dict:
         """The ds_config for deepspeed.initialize: a universal checkpoint loads with checkpoint.load_universal
@@ -48,7 +49,7 @@ def read_resume(run_path: Path) -> dict | None:
         data = json.loads(path.read_text())
         for key in ("source_checkpoint", "source_step", "conversion"):
             data[key]
-        if data["conversion"]["method"] not in ("copy", "universal"):
+        if data["conversion"]["method"] not in METHODS:
             raise ValueError(f"unknown conversion method {data['conversion']['method']!r}")
         return data
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -58,7 +59,8 @@ def read_resume(run_path: Path) -> dict | None:
 
 def target(run_path: Path, resume: dict) -> ResumeSource:
     method = resume["conversion"]["method"]
-    return ResumeSource(Path(run_path) / RESUME_DIR / method, int(resume["source_step"]), method)
+    return ResumeSource(Path(run_path) / RESUME_DIR / method, int(resume["source_step"]), method,
+                        int((resume.get("old_layout") or {}).get("pp") or 1))
 
 
 def converted_problem(source: ResumeSource) -> str | None:
@@ -92,7 +94,7 @@ def convert(run_path: str | Path, *, log=print) -> ResumeSource | None:
         step_dir = tmp / checkpoint.tag_for(out.step)
         if out.method == "copy":
             shutil.copytree(src, step_dir, ignore=shutil.ignore_patterns(checkpoint.CHECKPOINT_MANIFEST))
-        else:
+        else:                                # universal, universal-params: the same files, loaded two ways
             _ds_to_universal(src, step_dir)
         problem = checkpoint.write_manifest(tmp, out.step) or _universal_problem(src, step_dir, out.method)
         if problem:
@@ -127,7 +129,7 @@ def _ds_to_universal(src: Path, out: Path) -> None:
 
 def _universal_problem(src: Path, out: Path, method: str) -> str | None:
     """A universal checkpoint holds fp32 weights and both Adam moments for every parameter of the source."""
-    if method != "universal":
+    if method not in ("universal", UNIVERSAL_PARAMS):
         return None
     import torch  # noqa: PLC0415
 

@@ -190,7 +190,7 @@ def resume_step(run_dir, options: TrainOptions, engine, rank: int, source=None) 
     dist.broadcast_object_list(choice, src=0)      # every rank loads the step rank 0 verified
     start = engine.load(ckpt_dir, choice[0]) if choice[0] is not None else 0
     if choice[0] is None and source is not None:
-        start = engine.load(source.ckpt_dir, source.step)
+        start = engine.load_source(source)
         engine.follow_schedule()
         if rank == 0:
             log(f"resized run: resumed from {source.ckpt_dir / checkpoint.tag_for(source.step)} ({source.method}, "
