@@ -3,9 +3,10 @@
 ``python -m orchestrator.train.convert RUN_DIR`` runs before the ranks start (the local launch path runs it
 before torchrun; on SLURM it belongs inside the allocation, before srun starts the ranks). It reads
 resume.json, verifies the source step (read only), then writes ``RUN_DIR/resume/<method>/global_step<N>``:
-``copy`` copies the step dir, ``universal`` runs DeepSpeed's ds_to_universal. The result is verified and
-recorded (checkpoint.write_manifest) before it is renamed into place, so a second run reuses it and a
-half-written one is never loaded. Exit 0 done (or nothing to do), 1 conversion failed, 2 bad resume.json.
+``copy`` copies the step dir, ``universal`` and ``universal-params`` run DeepSpeed's ds_to_universal (the
+trainer loads the first through DeepSpeed, the second parameter by parameter: universal.py). The result is
+verified and recorded (checkpoint.write_manifest) before it is renamed into place, so a second run reuses it
+and a half-written one is never loaded. Exit 0 done (or nothing to do), 1 conversion failed, 2 bad resume.json.
 """
 from __future__ import annotations
 

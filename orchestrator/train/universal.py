@@ -6,7 +6,7 @@ builds its engine in the new layout and sets each parameter's fp32 weights and A
 checkpoint's ``zero/<name>/`` files through DeepSpeed's tensor-fragment API (safe_set_full_fp32_param,
 safe_set_full_optimizer_state: ZeRO-1/2/3 and the bf16 optimizer), the names mapped between GPT and its
 PipelineModule (model.pipeline_param_name); then the optimizer's step count, the lr scheduler and the engine's
-counters. Every value is read back and compared with the files before training (RuntimeError: exit 1).
+counters. Every value is read back and compared with the files before training (LoadFailed: exit 1).
 """
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ from . import checkpoint
 from .model import gpt_param_name
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+class LoadFailed(RuntimeError):
+    """The load failed or does not verify: raised on every rank at once (the job can end cleanly, exit 1)."""
 
 
 def _gpt_name(name: str, m, pipelined: bool) -> str:
@@ -35,7 +39,7 @@ def _full_shape(param) -> torch.Size:
 
 
 def _params(ds_engine, step_dir: Path, m, *, source_pp: int, pipelined: bool) -> list[tuple[str, object, Path]]:
-    """(name, parameter, its universal dir) for this rank's parameters; RuntimeError when a parameter has none,
+    """(name, parameter, its universal dir) for this rank's parameters; LoadFailed when a parameter has none,
     or when some parameter of the checkpoint is held by no rank."""
     import torch.distributed as dist  # noqa: PLC0415
 
@@ -65,7 +69,7 @@ def _raise_on_any_rank(problems: list[str]) -> None:
     dist.all_gather_object(found, problems)
     every = [f"rank {rank}: {p}" for rank, ps in enumerate(found) for p in ps]
     if every:
-        raise RuntimeError("loading the universal checkpoint parameter by parameter failed: " + "; ".join(every[:5])
+        raise LoadFailed("loading the universal checkpoint parameter by parameter failed: " + "; ".join(every[:5])
                            + (f" (and {len(every) - 5} more)" if len(every) > 5 else ""))
 
 
@@ -73,7 +77,7 @@ def _base_optimizer(ds_engine):
     optimizer = ds_engine.optimizer
     base = getattr(optimizer, "optimizer", None)
     if base is None or not hasattr(optimizer, "param_groups"):
-        raise RuntimeError(f"{type(optimizer).__name__} is not a ZeRO or bf16 optimizer: its state cannot be set "
+        raise LoadFailed(f"{type(optimizer).__name__} is not a ZeRO or bf16 optimizer: its state cannot be set "
                            "parameter by parameter")
     return base
 
@@ -112,7 +116,7 @@ def _create_optimizer_state(ds_engine, base) -> None:
             group.update(values)
     missing = [i for i, flat in enumerate(flats) if "exp_avg" not in base.state.get(flat, {})]
     if missing:
-        raise RuntimeError(f"{type(base).__name__} created no Adam state for {len(missing)} of {len(flats)} "
+        raise LoadFailed(f"{type(base).__name__} created no Adam state for {len(missing)} of {len(flats)} "
                            "fp32 partitions")
     for _, param in ds_engine.module.named_parameters():
         mapping = getattr(param, "_hp_mapping", None)
@@ -136,7 +140,7 @@ def _set_step(flats, base, adam_step: torch.Tensor) -> None:
 def _adam_step(params) -> torch.Tensor:
     steps = {float(_read(folder / "step.pt")) for _, _, folder in params if (folder / "step.pt").is_file()}
     if len(steps) != 1:
-        raise RuntimeError(f"the universal checkpoint's optimizer step counts are not one value: {sorted(steps)}")
+        raise LoadFailed(f"the universal checkpoint's optimizer step counts are not one value: {sorted(steps)}")
     return torch.tensor(steps.pop())
 
 
@@ -150,9 +154,12 @@ def load(ds_engine, ckpt_dir: Path, step: int, m, *, source_pp: int, pipelined: 
     step_dir = Path(ckpt_dir) / checkpoint.tag_for(step)
     params = _params(ds_engine, step_dir, m, source_pp=source_pp, pipelined=pipelined)
     values = {name: {key: _read(folder / f"{key}.pt") for key in ("fp32", *MOMENTS)} for name, _, folder in params}
-    shapes = [f"{name}: {tuple(values[name]['fp32'].shape)} in the checkpoint, {tuple(_full_shape(p))} here"
-              for name, p, _ in params if values[name]["fp32"].shape != _full_shape(p)]
+    shapes = [f"{name} {key}: {tuple(tensor.shape)} in the checkpoint, {tuple(_full_shape(p))} here"
+              for name, p, _ in params for key, tensor in values[name].items()
+              if tensor.numel() != _full_shape(p).numel()]
     _raise_on_any_rank(shapes)
+    for name, param, _ in params:         # a ZeRO-3 source's universal tensors are flat
+        values[name] = {key: tensor.reshape(_full_shape(param)) for key, tensor in values[name].items()}
     base = _base_optimizer(ds_engine)
     _create_optimizer_state(ds_engine, base)
     for name, param, _ in params:
@@ -171,7 +178,10 @@ def load(ds_engine, ckpt_dir: Path, step: int, m, *, source_pp: int, pipelined: 
         if key in state:
             setattr(ds_engine, key, state[key])
     _raise_on_any_rank(mismatches(ds_engine, params, values, base, adam_step))
-    return checkpoint.checked_step(state.get("orch_step"), step_dir, step)
+    try:
+        return checkpoint.checked_step(state.get("orch_step"), step_dir, step)
+    except RuntimeError as e:
+        raise LoadFailed(str(e)) from None
 
 
 def _engine_state(step_dir: Path) -> dict:
@@ -179,7 +189,7 @@ def _engine_state(step_dir: Path) -> dict:
     source's model-state files, every one holds it."""
     files = sorted(p for p in step_dir.glob("*model_states.pt") if not p.name.startswith("layer_"))
     if not files:
-        raise RuntimeError(f"{step_dir} holds no model-state file of the source engine")
+        raise LoadFailed(f"{step_dir} holds no model-state file of the source engine")
     state = torch.load(files[0], map_location="cpu", weights_only=False)
     return {k: state.get(k) for k in ("lr_scheduler", "global_steps", "global_samples", "skipped_steps", "orch_step")
             if k in state}
