@@ -44,16 +44,24 @@ def _params(ds_engine, step_dir: Path, m, *, source_pp: int, pipelined: bool) ->
     import torch.distributed as dist  # noqa: PLC0415
 
     zero = step_dir / "zero"
-    on_disk = {_gpt_name(p.name, m, source_pp > 1): p for p in zero.iterdir() if p.is_dir()}
+    on_disk, problems = {}, []
+    for folder in sorted(p for p in zero.iterdir() if p.is_dir()):
+        try:
+            on_disk[_gpt_name(folder.name, m, source_pp > 1)] = folder
+        except ValueError as e:
+            problems.append(f"{folder}: {e}")
     mine, missing = [], []
     for name, param in ds_engine.module.named_parameters():
         key = _gpt_name(name, m, pipelined)
-        (mine.append((name, param, on_disk[key])) if key in on_disk else missing.append(name))
+        if key in on_disk:
+            mine.append((name, param, on_disk[key]))
+        else:
+            missing.append(name)
     held = [None] * dist.get_world_size()
     dist.all_gather_object(held, [_gpt_name(name, m, pipelined) for name, _, _ in mine])
     unheld = sorted(set(on_disk) - {name for names in held for name in names})
-    problems = [f"{len(missing)} parameter(s) of this engine have no state under {zero}, e.g. {missing[0]}"
-                ] if missing else []
+    if missing:
+        problems.append(f"{len(missing)} parameter(s) of this engine have no state under {zero}, e.g. {missing[0]}")
     if unheld:
         problems.append(f"{len(unheld)} parameter(s) of the checkpoint are held by no rank of this layout, e.g. "
                         f"{on_disk[unheld[0]].name}")
@@ -69,8 +77,9 @@ def _raise_on_any_rank(problems: list[str]) -> None:
     dist.all_gather_object(found, problems)
     every = [f"rank {rank}: {p}" for rank, ps in enumerate(found) for p in ps]
     if every:
-        raise LoadFailed("loading the universal checkpoint parameter by parameter failed: " + "; ".join(every[:5])
-                           + (f" (and {len(every) - 5} more)" if len(every) > 5 else ""))
+        more = f" (and {len(every) - 5} more)" if len(every) > 5 else ""
+        raise LoadFailed(f"loading the universal checkpoint parameter by parameter failed: {'; '.join(every[:5])}"
+                         f"{more}")
 
 
 def _base_optimizer(ds_engine):
@@ -137,8 +146,14 @@ def _set_step(flats, base, adam_step: torch.Tensor) -> None:
             state["step"] = int(adam_step)
 
 
-def _adam_step(params) -> torch.Tensor:
+def _adam_step(step_dir: Path, params) -> torch.Tensor:
+    """The optimizer's step count: each parameter's step.pt (from a ZeRO-1/2 source), else the wrapped
+    optimizer's state in zero/optimizer_state.pt (ds_to_universal keeps it there for a ZeRO-3 source)."""
     steps = {float(_read(folder / "step.pt")) for _, _, folder in params if (folder / "step.pt").is_file()}
+    if not steps and (step_dir / "zero" / "optimizer_state.pt").is_file():
+        saved = torch.load(step_dir / "zero" / "optimizer_state.pt", map_location="cpu", weights_only=False)
+        states = ((saved.get("optimizer_state_dict") or {}).get("state") or {}).values()
+        steps = {float(state["step"]) for state in states if "step" in state}
     if len(steps) != 1:
         raise LoadFailed(f"the universal checkpoint's optimizer step counts are not one value: {sorted(steps)}")
     return torch.tensor(steps.pop())
@@ -169,7 +184,7 @@ def load(ds_engine, ckpt_dir: Path, step: int, m, *, source_pp: int, pipelined: 
     with deepspeed.zero.GatheredParameters([p for _, p, _ in params], modifier_rank=0), torch.no_grad():
         for name, param, _ in params:
             param.data.copy_(values[name]["fp32"].to(param.dtype))
-    adam_step = _adam_step(params)
+    adam_step = _adam_step(step_dir, params)
     _set_step(_flats(ds_engine.optimizer, base), base, adam_step)
     state = _engine_state(step_dir)
     if ds_engine.lr_scheduler is not None and state.get("lr_scheduler") is not None:
