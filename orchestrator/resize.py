@@ -193,6 +193,9 @@ def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
     reason = ("the PipelineModule names parameters by layer index (DeepSpeed's universal loader does not map them)"
               if pipelined else "DeepSpeed 0.19.8's universal loader looks for its own ZeRO stage's model-state "
               "files, the checkpoint holds the source stage's")
+    if program_kind(spec) != "orch":       # a follower that defers to this one (a user's DeepSpeed script)
+        _unsupported(changes, f"{reason}; orch loads such a change parameter by parameter only in its reference "
+                     f"trainer, a {program_kind(spec)!r} program loads with engine.load_checkpoint")
     return Conversion(UNIVERSAL_PARAMS, changes, "deepspeed.checkpoint.ds_to_universal into the new run dir; at the "
                       "first start the trainer builds the new layout's engine and sets every parameter's fp32 "
                       "weights and Adam moments from it through DeepSpeed's tensor-fragment API "

@@ -265,3 +265,19 @@ def test_an_expert_grid_the_new_size_cannot_hold_names_the_nearest_sizes():
         check_size(lambda n: resize_spec(source, nodes=n, gpus_per_node=1), 1, 1)
     assert ("the expert grid expert(2) * expert_tensor(1) = 2 needs a multiple of 2 ranks per pipeline stage, this "
             "size has 1 (nearest sizes that work: --nodes 2 (2 GPUs))") in str(error.value)
+
+
+def test_a_program_that_is_not_the_reference_trainer_gets_no_parameter_by_parameter_load():
+    """Another program kind's follower may defer to follow_reference (a user's DeepSpeed script loads with
+    engine.load_checkpoint): the changes only orch's trainer can load stay refused for it, by name."""
+    from orchestrator.errors import SpecError
+    from orchestrator.resize import follow_reference
+    from orchestrator.spec_loader import parse_spec
+    from tests.conftest import spec_data
+
+    spec = parse_spec(spec_data())
+    spec = dataclasses.replace(spec, program=type("Program", (), {"kind": "script"})())
+    with pytest.raises(SpecError, match="zero_stage 2 -> 3: DeepSpeed 0.19.8's universal loader looks for its own "
+                                        "ZeRO stage's .* a 'script' program loads with engine.load_checkpoint"):
+        follow_reference(BASE, {**BASE, "zero_stage": 3}, spec)
+    assert follow_reference(BASE, {**BASE, "dp": 1}, spec).method == "universal"
