@@ -15,6 +15,8 @@ from .errors import Problem, SpecError
 from .spec import Spec
 
 RESUME_FILE = "resume.json"
+UNIVERSAL_PARAMS = "universal-params"   # ds_to_universal, loaded parameter by parameter (train/universal.py)
+METHODS = ("copy", "universal", UNIVERSAL_PARAMS, "reshard")   # reshard: Megatron-LM reshards at load (resize_megatron)
 # What stays the same for the checkpoint to mean anything in the new run (spec paths).
 KEPT = ("model", "training.precision", "training.engine", "training.seed", "training.train_iters", "data")
 LAYOUT_FIELDS = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero_stage", "micro_batch_size", "offload")
@@ -24,7 +26,8 @@ SCRIPT_CKPT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload"
 
 @dataclass(frozen=True)
 class Conversion:
-    """How a checkpoint follows a layout change: ``method`` "copy" (same checkpoint layout) or "universal"."""
+    """How a checkpoint follows a layout change: ``method`` "copy" (same checkpoint layout), "universal" or
+    UNIVERSAL_PARAMS."""
 
     method: str
     changes: tuple[str, ...]
@@ -165,10 +168,12 @@ def layout_record(spec: Spec) -> dict:
 # --- how checkpoints follow the layout, per program kind ---------------------------------------------------
 
 def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
-    """orch's reference trainer (DeepSpeed engine): a copy when the checkpoint's layout is unchanged, else
-    DeepSpeed's universal checkpoint (ds_to_universal + checkpoint.load_universal) for the changes verified
-    with DeepSpeed 0.19.8: dp at ZeRO-1/2 (and between them) or at ZeRO-3 (pp = 1, dense model, no offload).
-    Every other change is refused, naming it (SpecError, exit 2)."""
+    """orch's reference trainer (DeepSpeed engine): a copy when the checkpoint's layout is unchanged; else
+    DeepSpeed's universal checkpoint (ds_to_universal), loaded by DeepSpeed (checkpoint.load_universal) for a dp
+    change at ZeRO-1/2 (and between them) or at ZeRO-3 with pp = 1, and parameter by parameter into a fresh
+    engine of the new layout (UNIVERSAL_PARAMS, train/universal.py) for a pp change, a change into or out of
+    ZeRO-3, or any change under pp > 1. Dense model, no offload, tp/cp/ep unchanged; every other change is
+    refused, naming it (SpecError, exit 2)."""
     ckpt_keys = ("tp", "pp", "dp", "cp", "ep", "etp", "zero_stage", "offload")
     changes = tuple(f"{k} {old.get(k)} -> {new.get(k)}" for k in ckpt_keys if old.get(k) != new.get(k))
     if (spec.training.engine or "deepspeed") != "deepspeed":
@@ -177,39 +182,41 @@ def follow_reference(old: dict, new: dict, spec: Spec) -> Conversion:
     if not changes:
         return Conversion("copy", (), "the checkpoint's layout is unchanged: its step dir is copied and loaded as is")
     why = {"tp": "the reference trainer's DeepSpeed engine trains with tp 1",
-           "pp": "a pipeline checkpoint names parameters by layer index (layer_NN-model_states.pt), the ZeRO engine's "
-                 "by module; orch does not map them",
            "cp": "Ulysses context groups are not converted", "ep": "expert-parallel checkpoints are not converted",
            "etp": "expert-parallel checkpoints are not converted",
            "offload": "loading a universal checkpoint into an offloaded optimizer is not verified"}
-    for key in ("tp", "pp", "cp", "ep", "etp", "offload"):
+    for key in ("tp", "cp", "ep", "etp", "offload"):
         if old.get(key) != new.get(key):
             _unsupported(changes, f"{key} {old.get(key)} -> {new.get(key)}: {why[key]}")
     if spec.model.moe is not None:
         _unsupported(changes, "a MoE model: its expert checkpoint files are not converted")
-    if (old.get("pp") or 1) > 1:
-        _unsupported(changes, f"pp {old.get('pp')}: a pipeline checkpoint is converted only when its layout is "
-                     "unchanged")
     if old.get("offload") not in (None, "none"):
         _unsupported(changes, f"offload {old.get('offload')}: {why['offload']}")
     for side, stage in (("source", old.get("zero_stage")), ("new", new.get("zero_stage"))):
         if not stage:
             _unsupported(changes, f"ZeRO stage 0 in the {side} layout: ds_to_universal reads ZeRO optimizer shards "
-                         "and DeepSpeed loads a universal checkpoint only into a ZeRO optimizer")
-    if (old.get("zero_stage") == 3) != (new.get("zero_stage") == 3):
-        _unsupported(changes, f"zero_stage {old.get('zero_stage')} -> {new.get('zero_stage')}: DeepSpeed 0.19.8's "
-                     "universal checkpoint keeps the source's model-state files (mp_rank_NN_model_states.pt from "
-                     "ZeRO-1/2, zero_pp_rank_N_mp_rank_NN_model_states.pt from ZeRO-3) and the engine loads only "
-                     "those of its own stage (the load fails in state_dict_factory), so a change into or out of "
-                     "ZeRO-3 does not load")
-    return Conversion("universal", changes, "deepspeed.checkpoint.ds_to_universal into the new run dir, loaded with "
-                      "ds_config checkpoint: {load_universal: true} at the first start")
+                         "and orch sets the state only through a ZeRO optimizer's parameter fragments")
+    pipelined = (old.get("pp") or 1) > 1 or (new.get("pp") or 1) > 1
+    if not pipelined and (old.get("zero_stage") == 3) == (new.get("zero_stage") == 3):
+        return Conversion("universal", changes, "deepspeed.checkpoint.ds_to_universal into the new run dir, loaded "
+                          "with ds_config checkpoint: {load_universal: true} at the first start")
+    reason = ("the PipelineModule names parameters by layer index (DeepSpeed's universal loader does not map them)"
+              if pipelined else "DeepSpeed 0.19.8's universal loader looks for its own ZeRO stage's model-state "
+              "files, the checkpoint holds the source stage's")
+    if program_kind(spec) != "orch":       # a follower that defers to this one (a user's DeepSpeed script)
+        _unsupported(changes, f"{reason}; orch loads such a change parameter by parameter only in its reference "
+                     f"trainer, a {program_kind(spec)!r} program loads with engine.load_checkpoint")
+    return Conversion(UNIVERSAL_PARAMS, changes, "deepspeed.checkpoint.ds_to_universal into the new run dir; at the "
+                      "first start the trainer builds the new layout's engine and sets every parameter's fp32 "
+                      "weights and Adam moments from it through DeepSpeed's tensor-fragment API "
+                      "(safe_set_full_fp32_param / safe_set_full_optimizer_state), then the step count and the lr "
+                      f"scheduler, and compares every value with the files before training ({reason})")
 
 
 def _unsupported(changes, reason: str):
     raise SpecError(Problem("layout", f"cannot convert the checkpoint for {', '.join(changes)}: {reason}",
-                            "resize to a layout that changes only dp (and the ZeRO stage between 1 and 2), or "
-                            "train the new layout from step 0"))
+                            "resize to a layout that changes only dp, pp and the ZeRO stage (1-3), or train the "
+                            "new layout from step 0"))
 
 
 def follow_megatron(old: dict, new: dict, spec: Spec) -> Conversion:

@@ -3,9 +3,10 @@
 ``python -m orchestrator.train.convert RUN_DIR`` runs before the ranks start (the local launch path runs it
 before torchrun; on SLURM it belongs inside the allocation, before srun starts the ranks). It reads
 resume.json, verifies the source step (read only), then writes ``RUN_DIR/resume/<method>/global_step<N>``:
-``copy`` copies the step dir, ``universal`` runs DeepSpeed's ds_to_universal. The result is verified and
-recorded (checkpoint.write_manifest) before it is renamed into place, so a second run reuses it and a
-half-written one is never loaded. Exit 0 done (or nothing to do), 1 conversion failed, 2 bad resume.json.
+``copy`` copies the step dir, ``universal`` and ``universal-params`` run DeepSpeed's ds_to_universal (the
+trainer loads the first through DeepSpeed, the second parameter by parameter: universal.py). The result is
+verified and recorded (checkpoint.write_manifest) before it is renamed into place, so a second run reuses it
+and a half-written one is never loaded. Exit 0 done (or nothing to do), 1 conversion failed, 2 bad resume.json.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OrchError, SpecError
-from ..resize import RESUME_FILE
+from ..resize import METHODS, RESUME_FILE, UNIVERSAL_PARAMS
 from . import checkpoint
 
 RESUME_DIR = "resume"
@@ -30,7 +31,8 @@ class ResumeSource:
 
     ckpt_dir: Path       # holds global_step<step>
     step: int
-    method: str          # "copy" | "universal"
+    method: str          # one of resize.METHODS
+    source_pp: int = 1   # the source's pipeline stages (names its universal parameters: model.gpt_param_name)
 
     def ds_config(self, config: dict) -> dict:
         """The ds_config for deepspeed.initialize: a universal checkpoint loads with checkpoint.load_universal
@@ -48,7 +50,7 @@ def read_resume(run_path: Path) -> dict | None:
         data = json.loads(path.read_text())
         for key in ("source_checkpoint", "source_step", "conversion"):
             data[key]
-        if data["conversion"]["method"] not in ("copy", "universal", "reshard"):
+        if data["conversion"]["method"] not in METHODS:
             raise ValueError(f"unknown conversion method {data['conversion']['method']!r}")
         return data
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -58,7 +60,8 @@ def read_resume(run_path: Path) -> dict | None:
 
 def target(run_path: Path, resume: dict) -> ResumeSource:
     method = resume["conversion"]["method"]
-    return ResumeSource(Path(run_path) / RESUME_DIR / method, int(resume["source_step"]), method)
+    return ResumeSource(Path(run_path) / RESUME_DIR / method, int(resume["source_step"]), method,
+                        int((resume.get("old_layout") or {}).get("pp") or 1))
 
 
 def converted_problem(source: ResumeSource) -> str | None:
@@ -102,7 +105,7 @@ def convert(run_path: str | Path, *, log=print) -> ResumeSource | None:
             shutil.copytree(src, step_dir, ignore=shutil.ignore_patterns(checkpoint.CHECKPOINT_MANIFEST))
             if resume.get("program") == "script":     # its engine.load_checkpoint(dir) reads the tag from latest
                 (tmp / checkpoint.LATEST).write_text(checkpoint.tag_for(out.step))
-        else:
+        else:                                # universal, universal-params: the same files, loaded two ways
             _ds_to_universal(src, step_dir)
         problem = checkpoint.write_manifest(tmp, out.step) or _universal_problem(src, step_dir, out.method)
         if problem:
@@ -151,7 +154,7 @@ def _ds_to_universal(src: Path, out: Path) -> None:
 
 def _universal_problem(src: Path, out: Path, method: str) -> str | None:
     """A universal checkpoint holds fp32 weights and both Adam moments for every parameter of the source."""
-    if method != "universal":
+    if method not in ("universal", UNIVERSAL_PARAMS):
         return None
     import torch  # noqa: PLC0415
 

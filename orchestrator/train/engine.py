@@ -38,12 +38,24 @@ class _DeepSpeedBase:
 
     engine = None
     rank = 0
+    pipelined = False      # a PipelineModule (its parameters named by layer index)
 
     def save(self, ckpt_dir: Path, step: int) -> None:
         checkpoint.save(self.engine, ckpt_dir, step, rank=self.rank)
 
     def load(self, ckpt_dir: Path, step: int) -> int:
         return checkpoint.load(self.engine, ckpt_dir, step)
+
+    def load_source(self, source) -> int:
+        """Load a resized run's converted checkpoint (convert.ResumeSource); returns its step."""
+        from ..resize import UNIVERSAL_PARAMS  # noqa: PLC0415
+
+        if source.method != UNIVERSAL_PARAMS:
+            return self.load(source.ckpt_dir, source.step)
+        from .universal import load  # noqa: PLC0415
+
+        return load(self.engine, source.ckpt_dir, source.step, self.spec.model, source_pp=source.source_pp,
+                    pipelined=self.pipelined)
 
     def follow_schedule(self) -> None:
         """After loading another run's checkpoint: the optimizer's learning rate as this run's schedule puts it
@@ -135,6 +147,8 @@ class ZeroEngine(_DeepSpeedBase):
 
 class PipeEngine(_DeepSpeedBase):
     """pp > 1: DeepSpeed's PipelineModule + PipelineEngine.train_batch (1F1B)."""
+
+    pipelined = True
 
     def __init__(self, spec, ds_config: dict, dataset, busy):
         import deepspeed  # noqa: PLC0415

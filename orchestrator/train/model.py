@@ -298,3 +298,35 @@ def pipeline_specs(m, recompute: str = "none") -> list:
 def count_parameters(module: nn.Module) -> int:
     """Parameters of a module (shared tensors counted once)."""
     return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def pipeline_param_name(name: str, m) -> str:
+    """The name :func:`pipeline_specs`' PipelineModule gives the :class:`GPT` parameter ``name`` (DeepSpeed
+    names a LayerSpec's module by its index in the flat list, a TiedLayerSpec's under ``tied_modules.<key>``)."""
+    head, _, rest = name.partition(".")
+    if head == "blocks":
+        index, _, rest = rest.partition(".")
+        return f"{PIPELINE_LEAD_SPECS + int(index)}.{rest}"
+    if head == "embed" and m.tie_embeddings:
+        return f"tied_modules.embed.{rest}"
+    lead, tail = PIPELINE_LEAD_SPECS + m.num_layers, ("final_norm", "output")
+    index = {"embed": 0, "pos": 1, tail[0]: lead, tail[1]: lead + 1}.get(head)
+    if index is None or not rest:
+        raise ValueError(f"{name!r} is not a parameter name of the reference trainer's GPT")
+    return f"{index}.{rest}"
+
+
+def gpt_param_name(name: str, m) -> str:
+    """The :class:`GPT` name of the PipelineModule parameter ``name`` (the inverse of pipeline_param_name)."""
+    head, _, rest = name.partition(".")
+    if head == "tied_modules" and rest.startswith("embed."):
+        return rest
+    lead = PIPELINE_LEAD_SPECS + m.num_layers
+    if head.isdigit() and rest:
+        index = int(head)
+        if PIPELINE_LEAD_SPECS <= index < lead:
+            return f"blocks.{index - PIPELINE_LEAD_SPECS}.{rest}"
+        named = {0: "embed", 1: "pos", lead: "final_norm", lead + 1: "output"}.get(index)
+        if named is not None:
+            return f"{named}.{rest}"
+    raise ValueError(f"{name!r} is not a parameter name of the reference trainer's PipelineModule")

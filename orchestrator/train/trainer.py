@@ -109,6 +109,7 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
     from .convert import resume_source  # noqa: PLC0415
     from .data import build_dataset  # noqa: PLC0415
     from .engine import build_engine  # noqa: PLC0415
+    from .universal import LoadFailed  # noqa: PLC0415
     from ..telemetry.comm import ALLTOALL  # noqa: PLC0415
     from .session import TelemetrySession, resolved_layout  # noqa: PLC0415
 
@@ -132,7 +133,12 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
     ds_config = source.ds_config(run_dir.ds_config) if source else run_dir.ds_config
     engine = build_engine(spec, ds_config, build_dataset(spec, run_dir.path), session.busy, resolved_layout(run_dir))
     session.comm.set_dp_ranks(engine.dp_ranks)
-    code = train_loop(run_dir, options, engine, session, rank, source)
+    try:
+        code = train_loop(run_dir, options, engine, session, rank, source)
+    except LoadFailed as e:       # raised on every rank at once: end cleanly (a rank left to exit hangs in gloo)
+        if rank == 0:
+            log(f"error: {e}")
+        code = EXIT_FAILED
     engine.close()
     dist.destroy_process_group()
     return code
@@ -183,6 +189,7 @@ def resume_step(run_dir, options: TrainOptions, engine, rank: int, source=None) 
     metrics records after it. Returns the start step."""
     import torch.distributed as dist  # noqa: PLC0415
 
+    from ..resize import UNIVERSAL_PARAMS  # noqa: PLC0415
     from ..telemetry.sinks import METRICS_FILE, truncate_metrics  # noqa: PLC0415
 
     ckpt_dir = checkpoint.checkpoint_dir(run_dir.path, run_dir.spec)
@@ -190,11 +197,12 @@ def resume_step(run_dir, options: TrainOptions, engine, rank: int, source=None) 
     dist.broadcast_object_list(choice, src=0)      # every rank loads the step rank 0 verified
     start = engine.load(ckpt_dir, choice[0]) if choice[0] is not None else 0
     if choice[0] is None and source is not None:
-        start = engine.load(source.ckpt_dir, source.step)
+        start = engine.load_source(source)
         engine.follow_schedule()
         if rank == 0:
             log(f"resized run: resumed from {source.ckpt_dir / checkpoint.tag_for(source.step)} ({source.method}, "
-                f"step {start})")
+                f"step {start})" + ("; every parameter's fp32 weights, Adam moments and the step count verified "
+                                    "against it" if source.method == UNIVERSAL_PARAMS else ""))
     if rank == 0:
         dropped = truncate_metrics(run_dir.path / METRICS_FILE, start)
         if choice[0] is not None:

@@ -1,6 +1,7 @@
 """orch resize / generate --resume-from without training: sizes, refusals, resume.json, status."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -83,16 +84,28 @@ def test_a_size_the_batch_cannot_divide_names_the_nearest_that_work(source, tmp_
 
 
 @pytest.mark.parametrize("args, named", [
-    (("--zero-stage", "3"), "zero_stage 2 -> 3: DeepSpeed 0.19.8's universal checkpoint keeps the source's"),
-    (("--gpus-per-node", "2", "--pipeline", "2", "--zero-stage", "1"), "pp 1 -> 2: a pipeline checkpoint"),
     (("--zero-stage", "0"), "ZeRO stage 0 in the new layout"),
-], ids=["zero3", "pp2", "zero0"])
+], ids=["zero0"])
 def test_a_change_the_checkpoint_cannot_follow_is_refused_by_name(source, tmp_path, capsys, args, named):
     new = tmp_path / "new"
     gpus = () if "--gpus-per-node" in args else ("--gpus-per-node", "1")
     assert orch("resize", str(source), "--nodes", "1", *gpus, *args, "-o", str(new)) == 2
     assert named in capsys.readouterr().err
     assert not new.exists()
+
+
+@pytest.mark.parametrize("args, changes", [
+    (("--zero-stage", "3"), ["zero_stage 2 -> 3"]),
+    (("--pipeline", "2", "--zero-stage", "1"), ["pp 1 -> 2", "dp 2 -> 1", "zero_stage 2 -> 1"]),
+], ids=["zero3", "pp2"])
+def test_pp_and_zero3_changes_convert_parameter_by_parameter(source, tmp_path, capsys, args, changes):
+    new = tmp_path / "new"
+    assert orch("resize", str(source), "--nodes", "1", *args, "-o", str(new)) == 0
+    conversion = json.loads((new / "resume.json").read_text())["conversion"]
+    assert (conversion["method"], conversion["changes"]) == ("universal-params", changes)
+    assert conversion["output"] == "resume/universal-params/global_step4"
+    assert "safe_set_full_fp32_param" in conversion["how"]
+    assert "checkpoint: universal-params" in capsys.readouterr().err
 
 
 def test_scale_batch_scales_the_batch_and_the_learning_rate(source, tmp_path, capsys):
@@ -126,21 +139,84 @@ def test_a_run_without_a_checkpoint_cannot_be_resized(tmp_path, capsys):
 @pytest.mark.parametrize("old, new, method", [
     ((2, 2), (2, 2), "copy"), ((2, 2), (1, 2), "universal"), ((2, 2), (4, 1), "universal"),
     ((2, 1), (1, 2), "universal"), ((2, 3), (1, 3), "universal"),
-    ((2, 2), (1, 3), None), ((2, 3), (1, 2), None), ((2, 0), (1, 0), None)])
+    ((2, 2), (1, 3), "universal-params"), ((2, 3), (1, 2), "universal-params"), ((2, 2), (2, 3), "universal-params"),
+    ((2, 0), (1, 0), None), ((2, 2), (2, 0), None), ((2, 0), (2, 2), None)])
 def test_what_the_reference_trainer_converts(old, new, method):
-    """(dp, zero_stage) -> (dp, zero_stage): verified on CPU with DeepSpeed 0.19.8 (docs/resize.md)."""
+    """(dp, zero_stage) -> (dp, zero_stage) at pp 1 (docs/resize.md): DeepSpeed loads a dp change within
+    ZeRO-1/2 or within ZeRO-3; orch loads a change into or out of ZeRO-3 parameter by parameter; ZeRO-0 is
+    refused."""
+    layout = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "offload": "none"}
+    before, after = ({**layout, "dp": dp, "zero_stage": z} for dp, z in (old, new))
+    _follows(before, after, method)
+
+
+def _follows(before: dict, after: dict, method, named: str = "cannot convert the checkpoint", moe: bool = False):
     from orchestrator.errors import SpecError
     from orchestrator.resize import follow_reference
     from orchestrator.spec_loader import parse_spec
     from tests.conftest import spec_data
 
-    layout = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "offload": "none"}
-    before, after = ({**layout, "dp": dp, "zero_stage": z} for dp, z in (old, new))
+    data = spec_data()
+    spec = parse_spec(data)
+    if moe:
+        spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, moe=object()))
     if method is None:
-        with pytest.raises(SpecError, match="cannot convert the checkpoint"):
-            follow_reference(before, after, parse_spec(spec_data()))
+        with pytest.raises(SpecError, match=named):
+            follow_reference(before, after, spec)
     else:
-        assert follow_reference(before, after, parse_spec(spec_data())).method == method
+        assert follow_reference(before, after, spec).method == method
+
+
+BASE = {"tp": 1, "pp": 1, "dp": 2, "cp": 1, "ep": 1, "etp": 1, "zero_stage": 2, "offload": "none"}
+
+
+@pytest.mark.parametrize("old, new, method, named", [
+    ({"pp": 1, "dp": 2, "zero_stage": 2}, {"pp": 2, "dp": 1, "zero_stage": 1}, "universal-params", None),
+    ({"pp": 2, "dp": 1, "zero_stage": 1}, {"pp": 1, "dp": 2, "zero_stage": 2}, "universal-params", None),
+    ({"pp": 2, "dp": 1, "zero_stage": 1}, {"pp": 1, "dp": 2, "zero_stage": 3}, "universal-params", None),
+    ({"pp": 2, "dp": 1, "zero_stage": 1}, {"pp": 2, "dp": 2, "zero_stage": 1}, "universal-params", None),
+    ({"pp": 2, "dp": 1, "zero_stage": 1}, {"pp": 2, "dp": 1, "zero_stage": 1}, "copy", None),
+    ({}, {"tp": 2, "dp": 1}, None, "tp 1 -> 2: the reference trainer's DeepSpeed engine trains with tp 1"),
+    ({}, {"cp": 2, "dp": 1}, None, "cp 1 -> 2: Ulysses context groups are not converted"),
+    ({}, {"ep": 2}, None, "ep 1 -> 2: expert-parallel checkpoints are not converted"),
+    ({}, {"offload": "cpu"}, None, "offload none -> cpu: loading a universal checkpoint into an offloaded"),
+    ({"offload": "cpu"}, {"offload": "cpu", "dp": 1}, None, "offload cpu: loading a universal checkpoint"),
+    ({"pp": 2, "dp": 1, "zero_stage": 0}, {"pp": 1, "dp": 2, "zero_stage": 2}, None,
+     "ZeRO stage 0 in the source layout"),
+], ids=["pp1-2", "pp2-1", "pp2-z3", "pp2-dp", "pp2-same", "tp", "cp", "ep", "offload", "offloaded", "pp-z0"])
+def test_the_follower_accepts_pp_and_zero_changes_and_names_what_it_refuses(old, new, method, named):
+    _follows({**BASE, **old}, {**BASE, **new}, method, named or "cannot convert the checkpoint")
+
+
+def test_a_moe_model_is_refused_even_for_a_dp_change():
+    _follows(BASE, {**BASE, "dp": 1}, None, "a MoE model: its expert checkpoint files are not converted", moe=True)
+    _follows(BASE, BASE, "copy", moe=True)
+
+
+def test_the_pipeline_names_of_the_gpt_parameters_are_deepspeeds():
+    """model.pipeline_param_name / gpt_param_name against the names DeepSpeed's PipelineModule gives the layers
+    of pipeline_specs (a LayerSpec's module under its index, a TiedLayerSpec's under tied_modules.<key>), tied
+    and untied embeddings."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.pipe import TiedLayerSpec
+
+    from orchestrator.spec_loader import parse_spec
+    from orchestrator.train.model import GPT, gpt_param_name, pipeline_param_name, pipeline_specs
+    from tests.conftest import spec_data
+
+    for tied in (True, False):
+        m = dataclasses.replace(parse_spec(spec_data()).model, num_layers=3, hidden_size=32, num_attention_heads=2,
+                                ffn_hidden_size=64, vocab_size=64, seq_length=16, tie_embeddings=tied)
+        piped = []
+        for index, layer in enumerate(pipeline_specs(m)):
+            prefix = f"tied_modules.{layer.key}" if isinstance(layer, TiedLayerSpec) else str(index)
+            piped += [f"{prefix}.{n}" for n, _ in layer.build().named_parameters()]
+        piped = list(dict.fromkeys(piped))          # a tied module's parameters once, as named_parameters does
+        names = [n for n, _ in GPT(m).named_parameters()]
+        assert [pipeline_param_name(n, m) for n in names] == piped
+        assert [gpt_param_name(n, m) for n in piped] == names
+    with pytest.raises(ValueError, match="not a parameter name"):
+        gpt_param_name("99.weight", m)
 
 
 def test_the_copy_conversion_is_verified_idempotent_and_reads_the_source_only(source, tmp_path, capsys):
@@ -205,3 +281,19 @@ def test_resizing_a_pdsh_run_to_fewer_nodes_keeps_its_first_hosts(tmp_path, caps
     assert "launch.pdsh.hosts: the first 1 of the source's hosts (node-a)" in capsys.readouterr().err
     assert read_run_dir(tmp_path / "new").spec.launch.pdsh.hosts == ["node-a"]
     assert "HOSTS=node-a\n" in (tmp_path / "new" / "launch_pdsh.sh").read_text()
+
+
+def test_a_program_that_is_not_the_reference_trainer_gets_no_parameter_by_parameter_load():
+    """Another program kind's follower may defer to follow_reference (a user's DeepSpeed script loads with
+    engine.load_checkpoint): the changes only orch's trainer can load stay refused for it, by name."""
+    from orchestrator.errors import SpecError
+    from orchestrator.resize import follow_reference
+    from orchestrator.spec_loader import parse_spec
+    from tests.conftest import spec_data
+
+    spec = parse_spec(spec_data())
+    spec = dataclasses.replace(spec, program=type("Program", (), {"kind": "script"})())
+    with pytest.raises(SpecError, match="zero_stage 2 -> 3: DeepSpeed 0.19.8's universal loader looks for its own "
+                                        "ZeRO stage's .* a 'script' program loads with engine.load_checkpoint"):
+        follow_reference(BASE, {**BASE, "zero_stage": 3}, spec)
+    assert follow_reference(BASE, {**BASE, "dp": 1}, spec).method == "universal"
