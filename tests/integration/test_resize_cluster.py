@@ -4,7 +4,8 @@ One source run trains on SLURM at ZeRO-2 dp 2 (2 nodes x 1 rank) to step 20, che
 its losses of steps 11-20 are the unresized reference. Resized from its step-10 checkpoint to 1 node (dp 1,
 a universal checkpoint), the new run's job converts as its own step on the first node, before the ranks
 start, and continues: steps 11-20 recorded once each, with the source's losses; the source run's files stay
-byte-identical. A conversion that fails (the source checkpoint corrupted after the resize) fails the job
+byte-identical; resized to ZeRO-1 pp 2 (one stage per node) it loads parameter by parameter (universal-params)
+and continues the same way. A conversion that fails (the source checkpoint corrupted after the resize) fails the job
 before any rank starts; that run dir sits under a directory named like a shell injection. (The converting
 runs do not: DeepSpeed 0.19.8's ds_to_universal builds a regex from the output path unescaped, so a path
 holding `$`, `(` or `)` fails there, outside orch's scripts.)
@@ -86,6 +87,23 @@ def test_resized_run_converts_in_its_own_job_step_and_continues(source):
                            capture_output=True, text=True, timeout=scaled_s(60))
     assert rerun.returncode == 0 and "a checkpoint of its own (step 20)" in rerun.stderr, rerun.stderr
     assert _digests(src) == before                          # the source run is untouched
+
+
+def test_resized_to_pp2_on_two_nodes_loads_parameter_by_parameter_and_continues(source):
+    """ZeRO-2 dp 2 -> ZeRO-1 pp 2 (one stage per node; DeepSpeed's pipeline takes ZeRO 0-1) on SLURM: the universal-params load, after the same job step."""
+    src, losses, before, env = source
+    new = src.parent / "resized-pp2"
+    made = orch("resize", str(src), "--nodes", "2", "--gpus-per-node", "1", "--pipeline", "2", "--zero-stage", "1", "--step", "10",
+                "-o", str(new), env=env)
+    assert made.returncode == 0, made.stderr
+    conversion = json.loads((new / "resume.json").read_text())["conversion"]
+    assert conversion["method"] == "universal-params" and "pp 1 -> 2" in conversion["changes"], conversion
+    done = orch("launch", str(new), "--backend", "slurm", "--wait", env=env)
+    log = _job_log(new)
+    assert done.returncode == 0, f"{done.stderr[-2000:]}\n{log[-4000:]}"
+    assert log.index("the checkpoint conversion step is done") < log.index("starts torchrun")
+    _continues(new, losses)
+    assert _digests(src) == before
 
 
 def _resized_copy(src: Path, parent: Path, env: dict) -> tuple[Path, Path]:
