@@ -144,12 +144,23 @@ def _source_problem(resume: dict, ckpt_dir: Path, step: int) -> str | None:
 
 def _ds_to_universal(src: Path, out: Path) -> None:
     """DeepSpeed's converter (deepspeed/checkpoint/ds_to_universal.py, 0.19.8), in this process. orch's
-    model records no universal_checkpoint_info, so the converter injects the default (inject_missing_state)."""
+    model records no universal_checkpoint_info, so the converter injects the default (inject_missing_state).
+    DeepSpeed 0.19.8 builds globs and a regular expression from the paths unescaped (`[`, `$`, `(` in a run
+    dir's path break them), so it runs in ``out``'s parent with plain relative names: ``out.name`` and a link
+    to ``src`` that is removed again."""
+    import contextlib  # noqa: PLC0415
+
     from deepspeed.checkpoint import ds_to_universal  # noqa: PLC0415
 
-    ds_to_universal.main(Namespace(input_folder=str(src), output_folder=str(out), num_extract_workers=1,
-                                   num_merge_workers=1, keep_temp_folder=False, strict=True,
-                                   inject_missing_state=True))
+    link = out.parent / ".source"
+    link.symlink_to(src.resolve(), target_is_directory=True)
+    try:
+        with contextlib.chdir(out.parent):
+            ds_to_universal.main(Namespace(input_folder=link.name, output_folder=out.name, num_extract_workers=1,
+                                           num_merge_workers=1, keep_temp_folder=False, strict=True,
+                                           inject_missing_state=True))
+    finally:
+        link.unlink()
 
 
 def _universal_problem(src: Path, out: Path, method: str) -> str | None:
