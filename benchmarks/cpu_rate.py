@@ -8,7 +8,9 @@ RUN/doctor.json` (the layout fixed to what generate chose, so the prediction is 
 `orch launch --wait`, then `orch doctor --quick` again (the core's speed after the run: a shared machine's load
 moves; ``after`` is --measured with that doctor.json, the first is kept as doctor-before.json). Measured: the median step_time_s of steps >= 4 in metrics.jsonl. Printed per spec: the catalog's
 prediction, ``gemm core`` (the GEMM probe's core fraction: --measured before the model probe), ``--measured``
-(the doctor's model probe, doctor/measured.py kernel_mix_terms) and the measured step, each prediction's
+(the doctor's model probe, doctor/measured.py kernel_mix_terms), ``after`` (--measured with the doctor after the
+run), ``bracket`` (the mean of --measured before and after: the doctor at the run's mean load when the load drifts
+during the run; ``gemm core bracket`` the same for the GEMM probe) and the measured step, each prediction's
 error as measured / predicted - 1, and the load average before and after. Run it under ``nice`` when the
 machine is quiet; each figure is a ratio within one run, so a busy day still reads, only noisier.
 """
@@ -100,14 +102,16 @@ def run_variant(name: str, root: Path, steps: int) -> dict:
     step_s = statistics.median(r["step_time_s"] for r in rows if "step_time_s" in r and r.get("step", 0) >= 4)
     (run / "doctor.json").rename(run / "doctor-before.json")
     gemm_after = doctor_gemm_flops(run)
-    after = predictions(spec, run / "doctor.json")["--measured"]
+    post = predictions(spec, run / "doctor.json")
+    after, bracket = post["--measured"], (pred["--measured"] + post["--measured"]) / 2
     return {"name": name, "tag": chosen["tag"], "measured_step_s": step_s, **pred, "after": after,
+            "bracket": bracket, "gemm core bracket": (pred["gemm core"] + post["gemm core"]) / 2,
             "gemm_before": gemm_before, "gemm_after": gemm_after, "load_before": load_before, "load_after": load()}
 
 
 def report(r: dict) -> str:
     cells = "  ".join(f"{k} {r[k] * 1e3:.0f} ms ({r['measured_step_s'] / r[k] - 1:+.0%})"
-                      for k in ("catalog", "gemm core", "--measured", "after"))
+                      for k in ("catalog", "gemm core", "--measured", "after", "bracket", "gemm core bracket"))
     return (f"{r['name']:<5} {r['tag']:<22} measured {r['measured_step_s'] * 1e3:.0f} ms;  {cells};  doctor GEMM "
             f"{r['gemm_before'] / 1e9:.0f} -> {r['gemm_after'] / 1e9:.0f} GFLOP/s (core fraction: GEMM "
             f"{r['gemm_fraction']:.2f}, model {r['core_fraction']:.2f}); load {r['load_before']:.1f} -> {r['load_after']:.1f}")
