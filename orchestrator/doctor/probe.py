@@ -131,10 +131,9 @@ def measure_lockstep(torch, dist, peer: int, first: bool, slot_s: float, nbytes:
         torch.matmul(a, a)
         count += 1
     gemms = max(1, round(count * slot_s / (time.perf_counter() - t0)))
-    counts = torch.tensor([float(gemms)])
-    dist.all_reduce(counts, op=dist.ReduceOp.MIN)      # the same slot on both ranks
-    gemms, buf = int(counts.item()), torch.ones(max(1, nbytes // 4))
-    slots = max(8, int(seconds / max(slot_s, 1e-4)))
+    counts = torch.tensor([float(gemms), float(max(8, int(seconds / max(slot_s, 1e-4))))])
+    dist.all_reduce(counts, op=dist.ReduceOp.MIN)      # the same slot and the same number of slots on both ranks
+    gemms, slots, buf = int(counts[0].item()), int(counts[1].item()), torch.ones(max(1, nbytes // 4))
     dist.barrier()
     busy, t_start = 0.0, time.perf_counter()
     for _ in range(slots):
