@@ -29,7 +29,7 @@ FIGURES = {"intra_node_bandwidth_GBps": "intra_node_bandwidth_GBps",
 BOUNDS = {"intra_node_bandwidth_GBps": (1e-6, 1e5), "inter_node_bandwidth_GBps": (1e-6, 1e5),
           "allreduce_latency_s": (1e-9, 60.0), "gemm_flops": (1e3, 1e18), "gemm_sync_flops": (1e3, 1e18),
           "gemm_fp32_flops": (1e3, 1e18), "gemm_fp32_sync_flops": (1e3, 1e18),
-          "model_step_s": (1e-7, 3600.0), "lockstep_factor": (1.0, 1e3)}
+          "model_step_s": (1e-7, 3600.0)}
 MAX_RANKS = 10**7
 
 
@@ -136,11 +136,6 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
             for field, value in core.items():
                 figures[field] = {**figures.get(field, {}), "value": value, "from": f"measured.{source}",
                                   "core_fraction": fraction}
-    lockstep = measured.get("lockstep_factor")
-    if on_cpu and _number(lockstep) and lockstep >= 1:
-        terms["cpu_lockstep_factor"] = float(lockstep)
-        figures["cpu_lockstep_factor"] = {"value": float(lockstep), "from": "measured.lockstep_factor",
-                                          "slot_s": measured.get("lockstep_slot_s")}
     cost = dataclasses.replace(base, **terms)
     return cost, {"source": str(path), "doctor_time_unix": data.get("time_unix"), "backend": data.get("backend"),
                   "figures": figures}

@@ -118,50 +118,6 @@ def measure_model_step(torch, model_spec, micro_batch: int, seconds: float, wind
     return {"micro_batch": micro_batch, "window_s": out, "step_s": min(out)}
 
 
-def measure_lockstep(torch, dist, peer: int, first: bool, slot_s: float, nbytes: int, seconds: float) -> dict:
-    """Two CPU ranks as a pipeline's neighbours: each computes a slot of ``slot_s`` (256 x 256 GEMMs, counted
-    once, alone), then they swap an activation-sized tensor (send/recv, as DeepSpeed's pipeline does at every
-    micro-batch), for ``seconds``. Returns this rank's busy seconds per slot and the wall per slot: on cores
-    the ranks time-share with each other and with other work, each hand-off waits for the rank that had the
-    core least in that slot and for the waiting rank to be woken, which the ranks' free-running rates (the
-    model probe) average away."""
-    a = torch.randn(256, 256)
-    t0, count = time.perf_counter(), 0
-    while time.perf_counter() - t0 < min(slot_s, 0.05) or count < 2:
-        torch.matmul(a, a)
-        count += 1
-    gemms = max(1, round(count * slot_s / (time.perf_counter() - t0)))
-    counts = torch.tensor([float(gemms), float(max(8, int(seconds / max(slot_s, 1e-4))))])
-    dist.all_reduce(counts, op=dist.ReduceOp.MIN)      # the same slot and the same number of slots on both ranks
-    gemms, slots, buf = int(counts[0].item()), int(counts[1].item()), torch.ones(max(1, nbytes // 4))
-    dist.barrier()
-    busy, t_start = 0.0, time.perf_counter()
-    for _ in range(slots):
-        t0 = time.perf_counter()
-        for _ in range(gemms):
-            torch.matmul(a, a)
-        busy += time.perf_counter() - t0
-        if first:
-            dist.send(buf, peer)
-            dist.recv(buf, peer)
-        else:
-            dist.recv(buf, peer)
-            dist.send(buf, peer)
-    wall = time.perf_counter() - t_start
-    return {"slots": slots, "slot_s": slot_s, "bytes": buf.numel() * 4, "busy_s": busy / slots, "wall_s": wall / slots}
-
-
-def pipeline_slot(chosen: dict, model_step_s: float) -> tuple[float, int] | None:
-    """(seconds a stage computes between two hand-offs, the activation bytes handed off) of the plan's
-    pipeline (pp > 1): the model probe's micro-batch over pp stages, split into its forward and backward
-    with a hand-off after each (so half of it on average); None without a pipeline."""
-    pp = int(chosen.get("pp") or 1)
-    if pp <= 1 or model_step_s <= 0:
-        return None
-    return model_step_s / pp / 2, int((chosen.get("comm") or {}).get("pp_bytes") or 0) // max(
-        1, 2 * int(chosen.get("num_microbatches") or 1))
-
-
 CPU_BUCKET_MAX_BYTES = 64 << 20   # a probe of a few seconds at the ~0.1-1 GB/s gloo reaches on a loaded core
 
 
@@ -303,10 +259,6 @@ def probe(run_dir: Path, request: dict) -> dict | None:
     if not on_gpu and model_probe_fits(spec):
         result["model_step"] = measure_model_step(torch, spec.model, int(chosen.get("micro_batch_size") or 1),
                                                   size["model_s"], size["windows"], dist.barrier)
-        slot = pipeline_slot(chosen, result["model_step"]["step_s"])
-        if slot is not None and world == 2:     # the CPU pipeline orch runs: 2 stages, each rank the other's peer
-            result["lockstep"] = measure_lockstep(torch, dist, 1 - rank, rank == 0, slot[0], slot[1],
-                                                  size["model_s"])
     if not on_gpu:
         size = {**size, "nbytes": gradient_bucket_bytes(chosen, size["nbytes"])}
     comm, pairs = _comm(torch, dist, placement, rank, device, size, sync, full)

@@ -173,7 +173,7 @@ def _rank_row(r: dict) -> dict:
             "mem_available_bytes", "mem_needed_bytes", "python")
     return {**{k: r.get(k) for k in keep}, "gemm_flops": r["gemm"]["flops"], "gemm": r["gemm"],
             **({"gemm_fp32": r["gemm_fp32"]} if r.get("gemm_fp32") else {}),
-            **{k: r[k] for k in ("model_step", "lockstep") if r.get(k)}}
+            **({"model_step": r["model_step"]} if r.get("model_step") else {})}
 
 
 def _collectives(ranks: list[dict]) -> dict:
@@ -242,10 +242,6 @@ def measured_figures(ranks: list[dict]) -> dict:
         if sync:
             out["model_step_s"] = sync
             out["model_step_micro_batch"] = steps[0]["micro_batch"]
-    locks = [r["lockstep"] for r in ranks if (r.get("lockstep") or {}).get("busy_s")]
-    if len(locks) == len(ranks) and locks:   # CPU pipelines: a hand-off's wall over a rank's busy time
-        out["lockstep_factor"] = max(1.0, max(x["wall_s"] for x in locks) / (sum(x["busy_s"] for x in locks) / len(locks)))
-        out["lockstep_slot_s"] = locks[0]["slot_s"]
     coll = _collectives(ranks)
     if "intra_node" in coll:
         out["intra_node_bandwidth_GBps"] = min(v["all_reduce"]["busbw_GBps"] for v in coll["intra_node"].values())

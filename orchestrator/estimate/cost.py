@@ -56,11 +56,6 @@ class CostModel:
     # Engineering, compute/accelerator, "Not all accelerators are created equal"): a 5% range over 8 GPUs
     # is ~1.75% sigma. Synchronous training runs at the pace of the slowest of its N GPUs.
     gpu_speed_spread: float = 0.0175
-    # CPU ranks of a pipeline (pp > 1) hand off at every micro-batch's forward and backward; on cores they
-    # time-share, each hand-off waits for the rank that had the core least in that slot and for the waiting
-    # rank to be woken: a slot's wall over a rank's busy time. 1 (none) unless `orch doctor` measured it
-    # (doctor/probe.py measure_lockstep, docs/doctor.md "CPU").
-    cpu_lockstep_factor: float = 1.0
     # --- network ----------------------------------------------------------------------------------
     # Scale on the catalog's intra-node figure, which already is a measured nccl-tests busbw.
     intra_node_efficiency: float = 1.0

@@ -370,8 +370,6 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     tp_hidden = tp_overlap_fraction(cost, hw, lay)
     tp_exposed = (1 - tp_hidden) * tp_s
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
-    if ctx.gpu == "cpu" and pp > 1:          # the stages' hand-offs on time-shared cores (cost.py)
-        slow *= cost.cpu_lockstep_factor
     head = slow * head_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
     emb = slow * embedding_time_s(rshape, hw, tp, mb)
     overlap = ctx.ep_a2a_overlap and uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp,

@@ -99,36 +99,3 @@ def test_the_model_probe_runs_the_trainers_step_and_reports_windows():
     out = measure_model_step(torch, spec.model, 1, 0.02, 2, lambda: None)
     assert out["micro_batch"] == 1 and len(out["window_s"]) == 2 and all(t > 0 for t in out["window_s"])
 
-
-def test_a_pipelines_hand_offs_slow_its_stages_by_the_measured_lockstep_factor(tmp_path):
-    pp2 = load_spec(EXAMPLES / "tiny-gpt-cpu-pp2.yaml")
-    dp = load_spec(EXAMPLES / "tiny-gpt-cpu.yaml")
-    for spec in (pp2, dp):
-        plain, _ = measured_cost(_doctor(tmp_path), spec)
-        locked, record = measured_cost(_doctor(tmp_path, lockstep_factor=1.5, lockstep_slot_s=0.01), spec)
-        before = build_plan(spec, cost=plain).chosen
-        after = build_plan(spec, cost=locked).chosen
-        if spec is pp2:
-            assert record["figures"]["cpu_lockstep_factor"]["value"] == 1.5
-            assert after["breakdown"]["compute_s"] == pytest.approx(1.5 * before["breakdown"]["compute_s"], rel=1e-6)
-        else:               # no pipeline: nothing hands off per micro-batch
-            assert after["step_time_s"] == pytest.approx(before["step_time_s"])
-
-
-def test_the_lockstep_factor_is_the_slowest_ranks_slot_wall_over_the_mean_busy_time():
-    from orchestrator.doctor.probe import pipeline_slot
-    from orchestrator.doctor.report import measured_figures
-
-    ranks = [{"node_rank": 0, "gemm": {"flops": 1e11, "dtype": "float32"},
-              "lockstep": {"slot_s": 0.01, "busy_s": busy, "wall_s": wall}} for busy, wall in ((0.01, 0.016),
-                                                                                              (0.006, 0.015))]
-    figures = measured_figures(ranks)
-    assert figures["lockstep_factor"] == pytest.approx(0.016 / 0.008) and figures["lockstep_slot_s"] == 0.01
-    assert "lockstep_factor" not in measured_figures(ranks[:1] + [{**ranks[1], "lockstep": None}])
-    assert pipeline_slot({"pp": 2, "num_microbatches": 8, "comm": {"pp_bytes": 16 * 65536}}, 0.08) == (0.02, 65536)
-    assert pipeline_slot({"pp": 1}, 0.08) is None
-
-
-def test_a_lockstep_factor_below_one_is_refused(tmp_path):
-    with pytest.raises(SpecError, match="measured.lockstep_factor"):
-        load_doctor(_doctor(tmp_path, lockstep_factor=0.5))
