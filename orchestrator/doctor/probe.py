@@ -35,7 +35,7 @@ from ..train.trainer import write_json
 REQUEST_DIR = "doctor"
 # (cpu, gpu) per mode: GEMM side, GEMM seconds, windows, collective bytes, iterations, latency iterations.
 SIZES = {
-    "quick": {"cpu": dict(gemm_n=256, gemm_s=0.6, model_s=1.2, windows=4, nbytes=1 << 20, iters=7, lat_iters=5),
+    "quick": {"cpu": dict(gemm_n=256, gemm_s=0.6, model_s=2.0, windows=4, nbytes=1 << 20, iters=7, lat_iters=5),
               "gpu": dict(gemm_n=4096, gemm_s=0.5, windows=3, nbytes=32 << 20, iters=5, lat_iters=10)},
     "full": {"cpu": dict(gemm_n=384, gemm_s=1.5, model_s=2.5, windows=5, nbytes=4 << 20, iters=5, lat_iters=20),
              "gpu": dict(gemm_n=8192, gemm_s=2.0, windows=5, nbytes=256 << 20, iters=10, lat_iters=50)},
@@ -89,7 +89,7 @@ def model_probe_fits(spec) -> bool:
 def measure_model_step(torch, model_spec, micro_batch: int, seconds: float, windows: int, barrier) -> dict:
     """Seconds of one training micro-batch of the whole model on this rank: forward, backward and the optimizer
     step (PyTorch's single-tensor AdamW, as DeepSpeed's ``torch_adam`` on CPU runs it), in ``windows`` windows
-    started together (``barrier``); each window's median. What the trainer's kernels achieve here: its small
+    started together (``barrier``); each window's mean step. What the trainer's kernels achieve here: its small
     GEMMs, its memory-bound passes and autograd's per-op dispatch, at the trainer's thread count, while the
     other ranks run theirs on the same cores (a lone GEMM of the GEMM probe is none of these)."""
     from ..train.model import GPT  # noqa: PLC0415
@@ -114,7 +114,7 @@ def measure_model_step(torch, model_spec, micro_batch: int, seconds: float, wind
         times, t0 = [], time.perf_counter()
         while not times or time.perf_counter() - t0 < seconds / windows:
             times.append(step())
-        out.append(statistics.median(times))
+        out.append(sum(times) / len(times))    # time adds up: a neighbour's burst slows the trainer's step too
     return {"micro_batch": micro_batch, "window_s": out, "step_s": min(out)}
 
 
