@@ -214,12 +214,14 @@ def synchronous_rate(windows: list[list[float]]) -> float | None:
 
 
 def synchronous_seconds(windows: list[list[float]]) -> float | None:
-    """:func:`synchronous_rate` for durations: each window's slowest rank, the mean over the windows."""
+    """Ranks that wait for each other, in durations: each window's slowest rank, the median over the windows
+    (a neighbour's burst that fills one window of a few-second probe is not the run's typical step; within a
+    window the probe takes the mean step, so shorter bursts count as they do in training)."""
     n = min((len(w) for w in windows), default=0)
     if n == 0:
         return None
     slowest = [max(w[i] for w in windows) for i in range(n)]
-    return sum(slowest) / n if all(t > 0 for t in slowest) else None
+    return statistics.median(slowest) if all(t > 0 for t in slowest) else None
 
 
 def measured_figures(ranks: list[dict]) -> dict:

@@ -67,6 +67,7 @@ def test_ranks_that_wait_for_each_other_take_each_windows_slowest_model_step():
 
     assert synchronous_seconds([[0.1, 0.3], [0.3, 0.1]]) == pytest.approx(0.3)
     assert synchronous_seconds([]) is None
+    assert synchronous_seconds([[0.1, 0.1, 0.5, 0.1], [0.1, 0.2, 0.1, 0.1]]) == pytest.approx(0.15)  # one burst
     ranks = [{"node_rank": 0, "gemm": {"flops": 1e11, "dtype": "float32"},
               "model_step": {"micro_batch": 4, "window_s": w, "step_s": min(w)}} for w in ([0.1, 0.3], [0.2, 0.2])]
     figures = measured_figures(ranks)
