@@ -118,6 +118,11 @@ def measure_model_step(torch, model_spec, micro_batch: int, seconds: float, wind
     return {"micro_batch": micro_batch, "window_s": out, "step_s": min(out)}
 
 
+def micro_batch_of(chosen: dict, spec) -> int:
+    """The micro-batch the trainer runs: the plan's, else the spec's (a run dir written without estimates)."""
+    return int(chosen.get("micro_batch_size") or spec.parallelism.micro_batch_size or 1)
+
+
 CPU_BUCKET_MAX_BYTES = 64 << 20   # a probe of a few seconds at the ~0.1-1 GB/s gloo reaches on a loaded core
 
 
@@ -257,7 +262,7 @@ def probe(run_dir: Path, request: dict) -> dict | None:
                                            size["windows"], sync)
     chosen = run.plan.get("chosen") or {}
     if not on_gpu and model_probe_fits(spec):
-        result["model_step"] = measure_model_step(torch, spec.model, int(chosen.get("micro_batch_size") or 1),
+        result["model_step"] = measure_model_step(torch, spec.model, micro_batch_of(chosen, spec),
                                                   size["model_s"], size["windows"], dist.barrier)
     if not on_gpu:
         size = {**size, "nbytes": gradient_bucket_bytes(chosen, size["nbytes"])}

@@ -32,11 +32,12 @@ def test_local_healthy_two_ranks_pass_and_write_doctor_json(tmp_path):
     assert all(intra[op]["busbw_GBps"] > 0 for op in ("all_reduce", "all_to_all")) and intra["latency_s"] > 0
     assert report["measured"]["intra_node_bandwidth_GBps"] > 0
     # CPU: the trainer's own micro-batch on both ranks, and gloo at the trainer's gradient bytes
-    from orchestrator.doctor.probe import gradient_bucket_bytes
+    from orchestrator.doctor.probe import SIZES, gradient_bucket_bytes
+    from orchestrator.rundir import read_run_dir
     chosen = json.loads((run / "plan.json").read_text())["chosen"]
     assert report["measured"]["model_step_s"] > 0
-    assert report["measured"]["model_step_micro_batch"] == chosen["micro_batch_size"]
-    assert intra["bytes"] == gradient_bucket_bytes(chosen, 0) // 4 // 2 * 2 * 4
+    assert report["measured"]["model_step_micro_batch"] == read_run_dir(run).spec.parallelism.micro_batch_size
+    assert intra["bytes"] == gradient_bucket_bytes(chosen, SIZES["full"]["cpu"]["nbytes"]) // 4 // 2 * 2 * 4
     # What it measured goes into the plan, and plan.json says which figures were measured.
     planned = orch("generate", str(run / "spec.resolved.yaml"), "-o", str(tmp_path / "measured"), "--measured",
                    str(run / "doctor.json"), env=launch_env({}))
