@@ -114,7 +114,7 @@ def measure_model_step(torch, model_spec, micro_batch: int, seconds: float, wind
         times, t0 = [], time.perf_counter()
         while not times or time.perf_counter() - t0 < seconds / windows:
             times.append(step())
-        out.append(sum(times) / len(times))    # time adds up: a neighbour's burst slows the trainer's step too
+        out.append(statistics.median(times))   # the typical step, as cpu_rate and orch compare read a run
     return {"micro_batch": micro_batch, "window_s": out, "step_s": min(out)}
 
 

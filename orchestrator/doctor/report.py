@@ -215,8 +215,8 @@ def synchronous_rate(windows: list[list[float]]) -> float | None:
 
 def synchronous_seconds(windows: list[list[float]]) -> float | None:
     """Ranks that wait for each other, in durations: each window's slowest rank, the median over the windows
-    (a neighbour's burst that fills one window of a few-second probe is not the run's typical step; within a
-    window the probe takes the mean step, so shorter bursts count as they do in training)."""
+    (a neighbour's burst that fills one window of a few-second probe is not the run's typical step, as the
+    median step within a window is not: a run is read by its median step)."""
     n = min((len(w) for w in windows), default=0)
     if n == 0:
         return None
