@@ -89,7 +89,7 @@ def model_probe_fits(spec) -> bool:
 def measure_model_step(torch, model_spec, micro_batch: int, seconds: float, windows: int, barrier) -> dict:
     """Seconds of one training micro-batch of the whole model on this rank: forward, backward and the optimizer
     step (PyTorch's single-tensor AdamW, as DeepSpeed's ``torch_adam`` on CPU runs it), in ``windows`` windows
-    started together (``barrier``); each window's mean step. What the trainer's kernels achieve here: its small
+    started together (``barrier``); each window's median step. What the trainer's kernels achieve here: its small
     GEMMs, its memory-bound passes and autograd's per-op dispatch, at the trainer's thread count, while the
     other ranks run theirs on the same cores (a lone GEMM of the GEMM probe is none of these)."""
     from ..train.model import GPT  # noqa: PLC0415
