@@ -5,9 +5,10 @@ of it, when both are given): the measured intra- and inter-node all-reduce bus b
 ``intra/inter_node_bandwidth_GBps`` (used as they are, ahead of the spec's and the catalog's), the 8-byte
 all-reduce latency ``collective_latency_s`` (per ring hop; CPU runs only: on GPUs the cost model takes NCCL's
 per-link latencies from its table, which a small all-reduce does not resolve), and the slowest rank's GEMM
-rate over the precision's dense peak ``matmul_efficiency`` (at most 1). On CPU the GEMM rate is the one the
-ranks sustain together, and its share of the catalog's speed scales every rate and host time of the rank
-(:func:`cpu_core_terms`). plan.json's ``measured`` block lists each figure that was replaced, its value and
+rate over the precision's dense peak ``matmul_efficiency`` (at most 1). On CPU one core fraction scales every
+rate and host time of the rank (:func:`cpu_core_terms`): solved from the doctor's run of the trainer's own
+micro-batch where it has one (:func:`kernel_mix_terms`), else the GEMM rate the ranks sustain together over
+the catalog's. plan.json's ``measured`` block lists each figure that was replaced, its value and
 where it came from.
 """
 from __future__ import annotations
