@@ -7,15 +7,16 @@ For each spec, the loop a user runs on a slow day: `orch init` (the tiny-gpt spe
 RUN/doctor.json` (the layout fixed to what generate chose, so the prediction is for the run that trains),
 `orch launch --wait`, then `orch doctor --quick` again (the core's speed after the run: a shared machine's load
 moves; ``after`` is --measured with that doctor.json, the first is kept as doctor-before.json). Measured: the median step_time_s of steps >= 4 in metrics.jsonl. Printed per spec: the catalog's
-prediction, ``gemm only`` (the doctor's GEMM rate replacing only the GEMM efficiency: --measured before the
-core fraction, doctor/measured.py cpu_core_terms), ``--measured`` and the measured step, each prediction's
+prediction, ``gemm core`` (the GEMM probe's core fraction: --measured before the model probe), ``--measured``
+(the doctor's model probe, doctor/measured.py kernel_mix_terms), ``after`` (--measured with the doctor after the
+run), ``bracket`` (the mean of --measured before and after: the doctor at the run's mean load when the load drifts
+during the run; ``gemm core bracket`` the same for the GEMM probe) and the measured step, each prediction's
 error as measured / predicted - 1, and the load average before and after. Run it under ``nice`` when the
 machine is quiet; each figure is a ratio within one run, so a busy day still reads, only noisier.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -29,7 +30,6 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.doctor.measured import measured_cost  # noqa: E402
-from orchestrator.estimate.cost import CostModel  # noqa: E402
 from orchestrator.plan import build_plan  # noqa: E402
 from orchestrator.spec_loader import load_spec  # noqa: E402
 
@@ -66,15 +66,22 @@ def doctor_gemm_flops(run: Path) -> float:
 
 
 def predictions(spec_path: Path, doctor_json: Path) -> dict:
-    """Step seconds: the catalog's, the GEMM rate alone (the earlier --measured), and --measured."""
+    """Step seconds: the catalog's, the GEMM probe's core fraction (the earlier --measured: doctor.json without
+    the model probe), and --measured (the model probe's core fraction, doctor/measured.py kernel_mix_terms)."""
     spec = load_spec(spec_path)
+    data = json.loads(doctor_json.read_text())
+    gemm_json = doctor_json.with_name("doctor-gemm.json")
+    gemm_json.write_text(json.dumps({**data, "measured": {k: v for k, v in data["measured"].items()
+                                                          if not k.startswith("model_step")}}))
+    gemm, gemm_record = measured_cost(gemm_json, spec)
     measured, record = measured_cost(doctor_json, spec)
     core = {k for k, v in record["figures"].items() if "core_fraction" in v}
-    gemm_only = dataclasses.replace(measured, **{k: getattr(CostModel(), k) for k in core})
     return {"catalog": build_plan(spec).chosen["step_time_s"],
-            "gemm only": build_plan(spec, cost=gemm_only).chosen["step_time_s"],
+            "gemm core": build_plan(spec, cost=gemm).chosen["step_time_s"],
             "--measured": build_plan(spec, cost=measured).chosen["step_time_s"],
-            "core_fraction": next((record["figures"][k]["core_fraction"] for k in core), 1.0)}
+            "core_fraction": next((record["figures"][k]["core_fraction"] for k in core), 1.0),
+            "gemm_fraction": next((v["core_fraction"] for v in gemm_record["figures"].values()
+                                   if "core_fraction" in v), 1.0)}
 
 
 def run_variant(name: str, root: Path, steps: int) -> dict:
@@ -95,17 +102,19 @@ def run_variant(name: str, root: Path, steps: int) -> dict:
     step_s = statistics.median(r["step_time_s"] for r in rows if "step_time_s" in r and r.get("step", 0) >= 4)
     (run / "doctor.json").rename(run / "doctor-before.json")
     gemm_after = doctor_gemm_flops(run)
-    after = predictions(spec, run / "doctor.json")["--measured"]
+    post = predictions(spec, run / "doctor.json")
+    after, bracket = post["--measured"], (pred["--measured"] + post["--measured"]) / 2
     return {"name": name, "tag": chosen["tag"], "measured_step_s": step_s, **pred, "after": after,
+            "bracket": bracket, "gemm core bracket": (pred["gemm core"] + post["gemm core"]) / 2,
             "gemm_before": gemm_before, "gemm_after": gemm_after, "load_before": load_before, "load_after": load()}
 
 
 def report(r: dict) -> str:
     cells = "  ".join(f"{k} {r[k] * 1e3:.0f} ms ({r['measured_step_s'] / r[k] - 1:+.0%})"
-                      for k in ("catalog", "gemm only", "--measured", "after"))
+                      for k in ("catalog", "gemm core", "--measured", "after", "bracket", "gemm core bracket"))
     return (f"{r['name']:<5} {r['tag']:<22} measured {r['measured_step_s'] * 1e3:.0f} ms;  {cells};  doctor GEMM "
-            f"{r['gemm_before'] / 1e9:.0f} -> {r['gemm_after'] / 1e9:.0f} GFLOP/s (core fraction "
-            f"{r['core_fraction']:.2f}); load {r['load_before']:.1f} -> {r['load_after']:.1f}")
+            f"{r['gemm_before'] / 1e9:.0f} -> {r['gemm_after'] / 1e9:.0f} GFLOP/s (core fraction: GEMM "
+            f"{r['gemm_fraction']:.2f}, model {r['core_fraction']:.2f}); load {r['load_before']:.1f} -> {r['load_after']:.1f}")
 
 
 def main() -> int:

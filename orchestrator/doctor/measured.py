@@ -5,9 +5,10 @@ of it, when both are given): the measured intra- and inter-node all-reduce bus b
 ``intra/inter_node_bandwidth_GBps`` (used as they are, ahead of the spec's and the catalog's), the 8-byte
 all-reduce latency ``collective_latency_s`` (per ring hop; CPU runs only: on GPUs the cost model takes NCCL's
 per-link latencies from its table, which a small all-reduce does not resolve), and the slowest rank's GEMM
-rate over the precision's dense peak ``matmul_efficiency`` (at most 1). On CPU the GEMM rate is the one the
-ranks sustain together, and its share of the catalog's speed scales every rate and host time of the rank
-(:func:`cpu_core_terms`). plan.json's ``measured`` block lists each figure that was replaced, its value and
+rate over the precision's dense peak ``matmul_efficiency`` (at most 1). On CPU one core fraction scales every
+rate and host time of the rank (:func:`cpu_core_terms`): solved from the doctor's run of the trainer's own
+micro-batch where it has one (:func:`kernel_mix_terms`), else the GEMM rate the ranks sustain together over
+the catalog's. plan.json's ``measured`` block lists each figure that was replaced, its value and
 where it came from.
 """
 from __future__ import annotations
@@ -28,7 +29,8 @@ FIGURES = {"intra_node_bandwidth_GBps": "intra_node_bandwidth_GBps",
 # 900 GB/s, a GEMM on one GPU under 10 PFLOP/s) yet tight enough that the cost model's sums stay finite.
 BOUNDS = {"intra_node_bandwidth_GBps": (1e-6, 1e5), "inter_node_bandwidth_GBps": (1e-6, 1e5),
           "allreduce_latency_s": (1e-9, 60.0), "gemm_flops": (1e3, 1e18), "gemm_sync_flops": (1e3, 1e18),
-          "gemm_fp32_flops": (1e3, 1e18), "gemm_fp32_sync_flops": (1e3, 1e18)}
+          "gemm_fp32_flops": (1e3, 1e18), "gemm_fp32_sync_flops": (1e3, 1e18),
+          "model_step_s": (1e-7, 3600.0)}
 MAX_RANKS = 10**7
 
 
@@ -54,6 +56,10 @@ def figure_problems(measured: dict, where: str) -> list[Problem]:
         if not _number(value) or not lo <= value <= hi:
             problems.append(Problem(f"{where}: measured.{name}", f"{value!r} is not a number in [{lo:g}, {hi:g}]",
                                     "re-measure with `orch doctor RUN_DIR`; the file was edited or is damaged"))
+    mb = measured.get("model_step_micro_batch")
+    if mb is not None and (not isinstance(mb, int) or isinstance(mb, bool) or mb < 1):
+        problems.append(Problem(f"{where}: measured.model_step_micro_batch", f"{mb!r} is not an integer >= 1",
+                                "re-measure with `orch doctor`"))
     ranks = measured.get("allreduce_latency_ranks")
     if ranks is not None and (not _number(ranks) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS):
         problems.append(Problem(f"{where}: measured.allreduce_latency_ranks",
@@ -119,11 +125,18 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
         figures["matmul_efficiency"] = {"value": terms["matmul_efficiency"], "from": f"measured.{source}",
                                         "gemm_flops": float(gemm), "peak_flops": peak}
         if on_cpu:
-            fraction = core_fraction(measured, gpu)
-            core = cpu_core_terms(dataclasses.replace(base, **terms), gpu, fraction)
+            kernels = kernel_mix_terms(spec, measured, dataclasses.replace(base, **terms), gpu)
+            if kernels is not None:      # the trainer's own kernels measured: they set the rank's speed
+                fraction, core = kernels
+                source = "model_step_s"
+                figures["matmul_efficiency"] = {"value": core["matmul_efficiency"], "from": "measured.model_step_s"}
+            else:
+                fraction = core_fraction(measured, gpu)
+                core = cpu_core_terms(dataclasses.replace(base, **terms), gpu, fraction)
             terms.update(core)
             for field, value in core.items():
-                figures[field] = {"value": value, "from": f"measured.{source}", "core_fraction": fraction}
+                figures[field] = {**figures.get(field, {}), "value": value, "from": f"measured.{source}",
+                                  "core_fraction": fraction}
     cost = dataclasses.replace(base, **terms)
     return cost, {"source": str(path), "doctor_time_unix": data.get("time_unix"), "backend": data.get("backend"),
                   "figures": figures}
@@ -137,6 +150,44 @@ def core_fraction(measured: dict, gpu) -> float:
     rate = (measured.get("gemm_fp32_sync_flops") or measured.get("gemm_fp32_flops")
             or measured.get("gemm_sync_flops") or measured["gemm_flops"])
     return float(rate) / (gpu.peak_for("fp32") * gpu.matmul_efficiency * gpu.sustained_clock_fraction)
+
+
+def catalog_micro_batch_s(spec: Spec, cost: CostModel, micro_batch: int) -> float:
+    """What the cost model charges one CPU rank for the doctor's model probe (probe.measure_model_step): the
+    whole model's forward and backward on one micro-batch (the step's compute over its micro-batches, at
+    tp = pp = dp = 1) plus the optimizer step over every parameter."""
+    from ..estimate.estimate_context import EstimateContext  # noqa: PLC0415
+    from ..estimate.step import estimate  # noqa: PLC0415
+    from ..layout import Layout  # noqa: PLC0415
+
+    lay = Layout(tp=1, pp=1, vpp=1, dp=1, zero_stage=0, micro_batch_size=micro_batch, sequence_parallel=False,
+                 recompute="none", offload="none")
+    ctx = dataclasses.replace(EstimateContext.of(spec, cost), global_batch=micro_batch)   # one micro-batch
+    b = estimate(ctx, lay).breakdown
+    return b.compute_s + b.optimizer_s
+
+
+def kernel_mix_terms(spec: Spec, measured: dict, cost: CostModel, gpu, rounds: int = 4) -> tuple[float, dict] | None:
+    """(core fraction, cost-model terms) that make the cost model charge the doctor's model probe what it
+    measured (doctor.json ``model_step_s`` at ``model_step_micro_batch``), or None without that figure.
+
+    The GEMM probe times one 256 x 256 GEMM; a tiny-gpt micro-batch is some 300 small GEMMs (512 x 128 x 128
+    and alike), as many memory-bound passes and autograd's per-op dispatch, whose share of the step the GEMM
+    rate does not tell, and which a loaded core (neighbours evicting its caches) slows more than a GEMM that
+    lives in L2. So on CPU the fraction comes from the trainer's kernels themselves: every rate and host time
+    of the rank (:func:`cpu_core_terms`, the GEMM ceiling too) scales by one fraction, solved so the model's
+    micro-batch matches the measurement (a few fixed-point rounds: the shape terms are not exactly linear)."""
+    step_s, mb = measured.get("model_step_s"), measured.get("model_step_micro_batch")
+    if not _number(step_s) or step_s <= 0 or not isinstance(mb, int) or mb < 1:
+        return None
+    base = dataclasses.replace(cost, matmul_efficiency=None)
+    sustained = gpu.matmul_efficiency * gpu.sustained_clock_fraction
+    fraction, terms = 1.0, {}
+    for _ in range(rounds):
+        terms = {**cpu_core_terms(base, gpu, fraction), "matmul_efficiency": min(1.0, sustained * fraction)}
+        fraction *= catalog_micro_batch_s(spec, dataclasses.replace(base, **terms), mb) / step_s
+    terms = {**cpu_core_terms(base, gpu, fraction), "matmul_efficiency": min(1.0, sustained * fraction)}
+    return fraction, terms
 
 
 def cpu_core_terms(cost: CostModel, gpu, fraction: float) -> dict:

@@ -11,6 +11,8 @@ What each rank measures (the sizes are in :data:`SIZES`; ``quick`` is the prefli
   period (so a throttled node cannot hide between periods); the best window's rate: what the rank can
   sustain, which a node held back (a CPU quota, a clocked-down GPU) cannot reach in any window, while a
   healthy rank slowed for a moment by a neighbour's burst still does;
+- CPU: the trainer's own kernels: forward, backward and optimizer step of the spec's model at the plan's
+  micro-batch, on every rank at once with the trainer's threads (:func:`measure_model_step`);
 - collectives (nccl-tests conventions: busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather,
   reduce-scatter and all-to-all): over all ranks, inside each node, and across nodes (one rank per node),
   plus the latency of an 8-byte all-reduce;
@@ -33,9 +35,9 @@ from ..train.trainer import write_json
 REQUEST_DIR = "doctor"
 # (cpu, gpu) per mode: GEMM side, GEMM seconds, windows, collective bytes, iterations, latency iterations.
 SIZES = {
-    "quick": {"cpu": dict(gemm_n=256, gemm_s=0.6, windows=4, nbytes=1 << 20, iters=3, lat_iters=5),
+    "quick": {"cpu": dict(gemm_n=256, gemm_s=0.6, model_s=2.0, windows=4, nbytes=1 << 20, iters=7, lat_iters=5),
               "gpu": dict(gemm_n=4096, gemm_s=0.5, windows=3, nbytes=32 << 20, iters=5, lat_iters=10)},
-    "full": {"cpu": dict(gemm_n=384, gemm_s=1.5, windows=5, nbytes=4 << 20, iters=5, lat_iters=20),
+    "full": {"cpu": dict(gemm_n=384, gemm_s=1.5, model_s=2.5, windows=5, nbytes=4 << 20, iters=5, lat_iters=20),
              "gpu": dict(gemm_n=8192, gemm_s=2.0, windows=5, nbytes=256 << 20, iters=10, lat_iters=50)},
 }
 DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
@@ -71,6 +73,67 @@ def measure_gemm(torch, device, dtype, n: int, seconds: float, windows: int, syn
         rates.append(2.0 * n ** 3 * count / elapsed)
     return {"n": n, "dtype": str(dtype).replace("torch.", ""), "flops": max(rates),
             "window_flops": rates}
+
+
+MODEL_PROBE_MAX_PARAMS = 50_000_000   # the whole model on one CPU rank: tiny models only (a few s at most)
+
+
+def model_probe_fits(spec) -> bool:
+    """The kernel-mix probe runs the whole dense model on each CPU rank: only where that is small."""
+    m = spec.model
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    approx = m.num_layers * (4 * m.hidden_size ** 2 + 3 * m.hidden_size * ffn) + 2 * m.vocab_size * m.hidden_size
+    return spec.cluster.gpu == "cpu" and m.moe is None and approx <= MODEL_PROBE_MAX_PARAMS
+
+
+def measure_model_step(torch, model_spec, micro_batch: int, seconds: float, windows: int, barrier) -> dict:
+    """Seconds of one training micro-batch of the whole model on this rank: forward, backward and the optimizer
+    step (PyTorch's single-tensor AdamW, as DeepSpeed's ``torch_adam`` on CPU runs it), in ``windows`` windows
+    started together (``barrier``); each window's median step. What the trainer's kernels achieve here: its small
+    GEMMs, its memory-bound passes and autograd's per-op dispatch, at the trainer's thread count, while the
+    other ranks run theirs on the same cores (a lone GEMM of the GEMM probe is none of these)."""
+    from ..train.model import GPT  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    model = GPT(model_spec)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    tokens = torch.randint(0, model_spec.vocab_size, (micro_batch, model_spec.seq_length))
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        model(tokens, tokens).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        return time.perf_counter() - t0
+
+    step()
+    step()
+    out = []
+    for _ in range(windows):
+        barrier()
+        times, t0 = [], time.perf_counter()
+        while not times or time.perf_counter() - t0 < seconds / windows:
+            times.append(step())
+        out.append(statistics.median(times))   # the typical step, as cpu_rate and orch compare read a run
+    return {"micro_batch": micro_batch, "window_s": out, "step_s": min(out)}
+
+
+def micro_batch_of(chosen: dict, spec) -> int:
+    """The micro-batch the trainer runs: the plan's, else the spec's (a run dir written without estimates)."""
+    return int(chosen.get("micro_batch_size") or spec.parallelism.micro_batch_size or 1)
+
+
+CPU_BUCKET_MAX_BYTES = 64 << 20   # a probe of a few seconds at the ~0.1-1 GB/s gloo reaches on a loaded core
+
+
+def gradient_bucket_bytes(chosen: dict, default: int) -> int:
+    """CPU: the bytes of the trainer's gradient reduction (the plan's per-rank gradients; DeepSpeed reduces
+    them in buckets of 5e8 elements, estimate/engines.py DS_REDUCE_BUCKET_ELEMENTS, so a CPU-sized model's is
+    one call of them all), so gloo is measured at the message size the step pays for; ``default`` without a
+    plan."""
+    memory = chosen.get("memory") or {}
+    grads = max(int(memory.get("params_bytes") or 0), int(memory.get("grads_bytes") or 0))
+    return min(grads, CPU_BUCKET_MAX_BYTES) if grads >= 1024 else default
 
 
 def _all_gather(dist):
@@ -197,6 +260,12 @@ def probe(run_dir: Path, request: dict) -> dict | None:
     if not on_gpu and dtype != torch.float32:   # the core's speed: the catalog's CPU figures are fp32 measurements
         result["gemm_fp32"] = measure_gemm(torch, device, torch.float32, size["gemm_n"], size["gemm_s"],
                                            size["windows"], sync)
+    chosen = run.plan.get("chosen") or {}
+    if not on_gpu and model_probe_fits(spec):
+        result["model_step"] = measure_model_step(torch, spec.model, micro_batch_of(chosen, spec),
+                                                  size["model_s"], size["windows"], dist.barrier)
+    if not on_gpu:
+        size = {**size, "nbytes": gradient_bucket_bytes(chosen, size["nbytes"])}
     comm, pairs = _comm(torch, dist, placement, rank, device, size, sync, full)
     result["comm"] = comm
     gathered = [None] * world

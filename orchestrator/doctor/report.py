@@ -172,7 +172,8 @@ def _rank_row(r: dict) -> dict:
     keep = ("rank", "node_rank", "local_rank", "host", "device", "device_name", "device_count",
             "mem_available_bytes", "mem_needed_bytes", "python")
     return {**{k: r.get(k) for k in keep}, "gemm_flops": r["gemm"]["flops"], "gemm": r["gemm"],
-            **({"gemm_fp32": r["gemm_fp32"]} if r.get("gemm_fp32") else {})}
+            **({"gemm_fp32": r["gemm_fp32"]} if r.get("gemm_fp32") else {}),
+            **({"model_step": r["model_step"]} if r.get("model_step") else {})}
 
 
 def _collectives(ranks: list[dict]) -> dict:
@@ -212,6 +213,17 @@ def synchronous_rate(windows: list[list[float]]) -> float | None:
     return n / sum(1.0 / r for r in slowest) if all(r > 0 for r in slowest) else None
 
 
+def synchronous_seconds(windows: list[list[float]]) -> float | None:
+    """Ranks that wait for each other, in durations: each window's slowest rank, the median over the windows
+    (a neighbour's burst that fills one window of a few-second probe is not the run's typical step, as the
+    median step within a window is not: a run is read by its median step)."""
+    n = min((len(w) for w in windows), default=0)
+    if n == 0:
+        return None
+    slowest = [max(w[i] for w in windows) for i in range(n)]
+    return statistics.median(slowest) if all(t > 0 for t in slowest) else None
+
+
 def measured_figures(ranks: list[dict]) -> dict:
     """What ``--measured`` feeds the cost model: the slowest node's figures (synchronous training waits for it)."""
     out: dict = {}
@@ -226,6 +238,12 @@ def measured_figures(ranks: list[dict]) -> dict:
         sync = synchronous_rate([r[key]["window_flops"] for r in ranks if (r.get(key) or {}).get("window_flops")])
         if sync:
             out[name] = sync
+    steps = [r["model_step"] for r in ranks if (r.get("model_step") or {}).get("window_s")]
+    if steps:       # CPU: the trainer's kernel mix (probe.measure_model_step), as the ranks sustain it together
+        sync = synchronous_seconds([s["window_s"] for s in steps])
+        if sync:
+            out["model_step_s"] = sync
+            out["model_step_micro_batch"] = steps[0]["micro_batch"]
     coll = _collectives(ranks)
     if "intra_node" in coll:
         out["intra_node_bandwidth_GBps"] = min(v["all_reduce"]["busbw_GBps"] for v in coll["intra_node"].values())

@@ -31,6 +31,13 @@ def test_local_healthy_two_ranks_pass_and_write_doctor_json(tmp_path):
     assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"} <= set(intra)
     assert all(intra[op]["busbw_GBps"] > 0 for op in ("all_reduce", "all_to_all")) and intra["latency_s"] > 0
     assert report["measured"]["intra_node_bandwidth_GBps"] > 0
+    # CPU: the trainer's own micro-batch on both ranks, and gloo at the trainer's gradient bytes
+    from orchestrator.doctor.probe import SIZES, gradient_bucket_bytes
+    from orchestrator.rundir import read_run_dir
+    chosen = json.loads((run / "plan.json").read_text())["chosen"]
+    assert report["measured"]["model_step_s"] > 0
+    assert report["measured"]["model_step_micro_batch"] == read_run_dir(run).spec.parallelism.micro_batch_size
+    assert intra["bytes"] == gradient_bucket_bytes(chosen, SIZES["full"]["cpu"]["nbytes"]) // 4 // 2 * 2 * 4
     # What it measured goes into the plan, and plan.json says which figures were measured.
     planned = orch("generate", str(run / "spec.resolved.yaml"), "-o", str(tmp_path / "measured"), "--measured",
                    str(run / "doctor.json"), env=launch_env({}))
@@ -39,6 +46,7 @@ def test_local_healthy_two_ranks_pass_and_write_doctor_json(tmp_path):
     assert plan["measured"]["figures"]["intra_node_bandwidth_GBps"]["value"] == \
         report["measured"]["intra_node_bandwidth_GBps"] == plan["cost_model"]["intra_node_bandwidth_GBps"]
     assert {"collective_latency_s", "matmul_efficiency"} <= set(plan["measured"]["figures"])
+    assert plan["measured"]["figures"]["kernel_gap_s"]["from"] == "measured.model_step_s"
     hop = plan["measured"]["figures"]["collective_latency_s"]
     assert hop["value"] == pytest.approx(report["measured"]["allreduce_latency_s"] / 3)   # 2 ranks: 1 + 2 hops
 
