@@ -327,10 +327,10 @@ def run_batch_script(tmp_path: Path, *, send: int | None, task_exit: int = 0, re
            "ORCH_PYTHON": str(bin_dir / "python"), "FAKE_CONVERT_EXIT": str(convert_exit)}
     proc = subprocess.Popen(["bash", str(run / "launch.sbatch")], env=env, cwd=run, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.monotonic() + scaled_s(20)
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if send:
+    if send:                     # signal the job once its ranks run (a job with no signal just runs to its end)
+        deadline = time.monotonic() + scaled_s(20)
+        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
         proc.send_signal(send)
     _, err = proc.communicate(timeout=scaled_s(30))
     return proc.returncode, log.read_text(), err
