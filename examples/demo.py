@@ -3,14 +3,17 @@ measured beside predicted.
 
 1. examples/tiny-gpt-cpu.yaml      -- 2 processes, data parallel, ZeRO-2
 2. examples/tiny-gpt-cpu-pp2.yaml  -- 2 pipeline stages (DeepSpeed's pipeline engine), 4 micro-batches
-Each: `orch plan` -> `orch generate` -> `orch validate` -> `orch launch --wait` (one line per step), then
-`orch compare` prints tokens/s, TFLOP/s, bubble and all-reduce overhead, measured against predicted.
+Each: `orch plan` -> `orch generate` -> `orch doctor --quick` (this CPU's speed today, through the run's
+launch path) -> `orch generate --measured` (the plan from what the doctor measured) -> `orch validate` ->
+`orch launch --wait` (one line per step), then `orch compare` prints tokens/s, TFLOP/s, bubble and all-reduce
+overhead, measured against predicted.
 Run dirs land in demo-runs/ (metrics.jsonl, W&B offline run under wandb/, logs/).
 """
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +46,12 @@ def main() -> None:
         step(f"{what}: rank the layouts", "plan", spec, "--top", "3")
         step("write the run dir (afresh: the last demo's outputs go)", "generate", spec, "-o", str(run), "--force",
              "--discard-outputs")
+        step("measure this CPU through the run's launch path: a shared machine's cores vary by the day", "doctor",
+             str(run), "--quick")
+        measured = OUT / f"{name}.doctor.json"
+        shutil.copyfile(run / "doctor.json", measured)
+        step("plan again from what the doctor measured", "generate", spec, "-o", str(run), "--force",
+             "--discard-outputs", "--measured", str(measured))
         step("check it with DeepSpeed's and Megatron-Core's own config classes", "validate", str(run))
         step("train for real: 2 processes on this CPU", "launch", str(run), "--wait")
         runs.append(str(run))
