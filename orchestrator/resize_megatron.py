@@ -40,18 +40,22 @@ def _last_value(argv: list[str], flag: str) -> str | None:
 def checkpoint_format(argv: list[str]) -> dict:
     """How a Megatron-LM argv saves its checkpoints: ``{"ckpt_format", "optimizer"}``, optimizer one of
     RESHARDS' keys or "not_reshardable" (--no-ckpt-fully-parallel-save with the distributed optimizer:
-    Megatron warns it cannot resume under another parallelism), None for the legacy torch format."""
-    fmt = _last_value(argv, "--ckpt-format") or DEFAULT_FORMAT
-    flags = set(argv)
-    if fmt == "torch" or fmt == "torch_dcp":
+    Megatron warns it cannot resume under another parallelism), None for the legacy torch format. Read with
+    validate.megatron_args' parser (Megatron-LM's own flag table: aliases, ``--flag=value``, the last value
+    winning, each dest's default); flags it does not know (the user's own) are skipped."""
+    from .validate.megatron_args import Token, parse_tokens  # noqa: PLC0415  (light: the flag table's json)
+
+    args, _ = parse_tokens([Token(text, 0) for text in argv], "program.json")
+    fmt = args.get("ckpt_format") or DEFAULT_FORMAT
+    if fmt in ("torch", "torch_dcp"):
         return {"ckpt_format": fmt, "optimizer": None}
-    if "--use-megatron-fsdp" in flags or fmt == "fsdp_dtensor":
+    if args.get("use_megatron_fsdp") or fmt == "fsdp_dtensor":
         return {"ckpt_format": fmt, "optimizer": "fsdp_dtensor"}
-    if "--use-distributed-optimizer" not in flags:
+    if not args.get("use_distributed_optimizer"):
         return {"ckpt_format": fmt, "optimizer": "model_space"}
-    if RESHARDABLE_FLAG in flags:
+    if args.get("dist_ckpt_optim_fully_reshardable"):
         return {"ckpt_format": fmt, "optimizer": "fully_reshardable"}
-    if "--no-ckpt-fully-parallel-save" in flags:
+    if not args.get("ckpt_fully_parallel_save"):
         return {"ckpt_format": fmt, "optimizer": "not_reshardable"}
     return {"ckpt_format": fmt, "optimizer": "dp_reshardable"}
 
