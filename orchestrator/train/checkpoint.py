@@ -16,11 +16,13 @@ The checkpoint dir is ``training.checkpoint.dir`` of the spec: a relative path i
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import stat
+import tempfile
 import time
 import zipfile
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from ..outfiles import replace_file
 LATEST = "latest"
 CHECKPOINT_MANIFEST = "orch_checkpoint.json"     # in each step dir: what was written and verified
 _TAG = re.compile(r"global_step(\d+)")
+_GLOB_CHARS = re.compile(r"[*?\[]")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -258,10 +261,26 @@ def save(ds_engine, ckpt_dir: Path, step: int, *, rank: int) -> None:
 def load(ds_engine, ckpt_dir: Path, step: int) -> int:
     """Load the checkpoint of ``step``, which rank 0 verified (step_problem); returns ``step`` (call on
     all ranks). A checkpoint that says it holds another step is refused, not half-loaded on."""
-    path, client_state = ds_engine.load_checkpoint(str(ckpt_dir), tag=tag_for(step))
+    with globless(Path(ckpt_dir)) as load_dir:
+        path, client_state = ds_engine.load_checkpoint(str(load_dir), tag=tag_for(step))
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load checkpoint {tag_for(step)} from {ckpt_dir}")
     return checked_step((client_state or {}).get("orch_step"), Path(ckpt_dir) / tag_for(step), step)
+
+
+@contextlib.contextmanager
+def globless(ckpt_dir: Path):
+    """``ckpt_dir``, or a link to it whose path has no glob characters: DeepSpeed 0.19.8 finds a step's files
+    with ``glob.glob`` on the path unescaped (``engine._get_all_ckpt_names``, ``PipelineModule.ckpt_layer_path_list``),
+    so a run dir named like ``runs/exp[1]`` would find none of them. The link lives in a fresh temporary dir
+    and is removed after the load."""
+    if not _GLOB_CHARS.search(str(ckpt_dir)):
+        yield ckpt_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="orch-ckpt-") as tmp:
+        link = Path(tmp) / "checkpoints"
+        link.symlink_to(Path(ckpt_dir).resolve(), target_is_directory=True)
+        yield link
 
 
 def checked_step(held, step_dir: Path, step: int) -> int:
