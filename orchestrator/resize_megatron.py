@@ -254,6 +254,26 @@ def start_argv(run_dir: Path, argv: list[str]) -> list[str]:
     return out
 
 
+def start_iteration(argv: list[str], cwd: Path) -> int:
+    """The iteration Megatron-LM's training starts after for this argv (the step telemetry numbers from), as
+    core_v0.16.1's checkpointing.py decides it: 0 without --load, with --finetune or a ``release`` tracker;
+    else --ckpt-step when set, else the --load dir's tracker; 0 when there is no checkpoint to load. A
+    relative --load is read from ``cwd`` (the program's working dir)."""
+    from .validate.megatron_args import Token, parse_tokens  # noqa: PLC0415
+
+    args, _ = parse_tokens([Token(text, 0) for text in argv], "program.json")
+    load = args.get("load")
+    if not load or args.get("finetune"):
+        return 0
+    tracker = Path(cwd) / load / TRACKER
+    if not tracker.is_file():
+        return 0
+    if args.get("ckpt_step"):
+        return int(args.get("ckpt_step"))
+    text = tracker.read_text().strip()
+    return int(text) if text.isdigit() else 0
+
+
 def verify_source(run_dir: Path, resume: dict) -> tuple[str | None, str]:
     """The conversion step of a resized Megatron-LM run (nothing to convert): (why the source step cannot be
     loaded or None, what to log). Once the run has a checkpoint of its own the source is not read."""

@@ -51,6 +51,11 @@ def plan_start(run_dir: Path, program: dict):
     from .resume import Start, start_argv, start_of  # noqa: PLC0415
 
     run = read_run_dir(run_dir)
+    if program.get("kind") == "megatron-lm":     # numbered from the iteration Megatron-LM resumes after
+        from ..resize_megatron import start_iteration  # noqa: PLC0415
+
+        step = start_iteration(program["argv"][1:], Path(program.get("cwd") or "."))
+        return run, Start(step=step, why=f"resumes after iteration {step}" if step else "starts from step 0")
     if program.get("kind") != "script" or run.spec.program is None:
         return run, Start()
     try:

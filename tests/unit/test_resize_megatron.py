@@ -249,6 +249,36 @@ def test_each_start_loads_the_runs_own_checkpoint_once_it_has_one(source, tmp_pa
     assert convert_main([str(new)]) == 0
 
 
+def test_telemetry_numbers_a_resized_runs_steps_from_the_iteration_megatron_resumes_after(source, tmp_path):
+    """The resized run loads iteration 20 of the source: its first step is 21 (metrics.jsonl continues the source's
+    numbering), and once it saved iteration 30 of its own a restart numbers from 31."""
+    from orchestrator.programs.__main__ import load_program as start_program
+    from orchestrator.programs.__main__ import plan_start
+
+    new = tmp_path / "new"
+    assert orch("resize", str(source), "--nodes", "4", "--tensor", "4", "--pipeline", "1", "-o", str(new)) == 0
+    assert plan_start(new, start_program(new))[1].step == SOURCE_STEP
+    fake_megatron_checkpoint(new, 30)
+    assert plan_start(new, start_program(new))[1].step == 30
+
+
+@pytest.mark.parametrize("argv, tracker, expected", [
+    (["--save", "ck"], "40", 0),                                   # nothing to load
+    (["--load", "ck"], None, 0),                                   # an empty --load dir: from scratch
+    (["--load", "ck"], "40", 40),
+    (["--load=ck", "--ckpt-step", "20"], "40", 20),                # --ckpt-step picks the iteration
+    (["--load", "ck", "--finetune"], "40", 0),                     # finetune resets the iteration
+    (["--load", "ck"], "release", 0),
+])
+def test_the_start_iteration_follows_megatron_lms_load_rules(tmp_path, argv, tracker, expected):
+    from orchestrator.resize_megatron import start_iteration
+
+    (tmp_path / "ck").mkdir()
+    if tracker is not None:
+        (tmp_path / "ck" / TRACKER).write_text(tracker + "\n")
+    assert start_iteration(argv, tmp_path) == expected
+
+
 def test_the_conversion_step_fails_when_the_source_step_is_gone(source, tmp_path, capsys):
     from orchestrator.train.convert import main as convert_main
 
