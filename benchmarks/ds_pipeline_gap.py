@@ -6,7 +6,10 @@ in units of the predicted pipeline fill and drain (printed only; nothing is fitt
 For each published DeepSpeed pipeline run of :data:`tests.published.EXTRA_CASES` it prints the published
 step (the stated iteration time, or the one its per-GPU throughput implies with benchmarks/accuracy.py's FLOP
 count: ``published.published_step_s``, which counts GPT-NeoX's and GLM-130B's FLOPs as their sources do), the
-predicted step, the gap, and the gap over the predicted fill and drain (``breakdown.bubble_s``). For runs of one
+predicted step, the gap, the gap over the predicted fill and drain (``breakdown.bubble_s``) and what the model
+already counts for the engine itself (exposed hand-overs, the reduction after the flush, the host's
+per-micro-batch work: ``pp_exposed_s + dp_exposed_s + engine_s``; docs/cost-model.md, "DeepSpeed's pipeline
+engine: what was checked"). For runs of one
 model at several micro-batch counts (MT-NLG: 240, 192, 160) it fits gap = a x m + b: a per-micro-batch cost would
 show as a, a per-step cost as b.
 """
@@ -34,17 +37,18 @@ def gap_rows() -> list[dict]:
         published_step = pub.get("iteration_s") or published_step_s(case)
         rows.append({"id": case["id"], "model": (case["model"]["layers"], case["model"]["hidden"]),
                      "m": est.num_microbatches, "predicted": est.step_time_s, "published": published_step,
-                     "gap": published_step - est.step_time_s, "bubble": est.breakdown.bubble_s})
+                     "gap": published_step - est.step_time_s, "bubble": est.breakdown.bubble_s,
+                     "engine": est.breakdown.pp_exposed_s + est.breakdown.dp_exposed_s + est.breakdown.engine_s})
     return rows
 
 
 def main() -> int:
     rows = gap_rows()
     print(f"{'case':<22} {'m':>4} {'published s':>11} {'predicted s':>11} {'gap s':>7} {'gap/m ms':>8} "
-          f"{'fill+drain s':>12} {'gap/fill+drain':>14}")
+          f"{'fill+drain s':>12} {'gap/fill+drain':>14} {'engine s':>8}")
     for r in rows:
         print(f"{r['id']:<22} {r['m']:>4} {r['published']:>11.1f} {r['predicted']:>11.1f} {r['gap']:>7.2f} "
-              f"{1e3 * r['gap'] / r['m']:>8.1f} {r['bubble']:>12.2f} {r['gap'] / r['bubble']:>14.2f}")
+              f"{1e3 * r['gap'] / r['m']:>8.1f} {r['bubble']:>12.2f} {r['gap'] / r['bubble']:>14.2f} {r['engine']:>8.2f}")
     by_model = defaultdict(list)
     for r in rows:
         by_model[r["model"]].append((r["m"], r["gap"]))
