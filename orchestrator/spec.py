@@ -244,12 +244,14 @@ class TrainingSpec:
         "Triton kernel); null = the engine's (Megatron-Core's Transformer Engine attention, the reference "
         "trainer's SDPA; the GPU catalog's rate). For predicting other software: orch plan accepts it, "
         "orch generate and validate refuse it", omit_if_none=True)
-    cross_entropy_impl: Optional[Literal["vocab_parallel", "torch", "flash_attn_xentropy"]] = spec_field(
+    cross_entropy_impl: Optional[Literal["vocab_parallel", "vocab_parallel_fused", "torch",
+                                         "flash_attn_xentropy"]] = spec_field(
         None, doc="the cross-entropy implementation (what the loss keeps of the logits): vocab_parallel "
-        "(Megatron-Core's, also Megatron-DeepSpeed's and GPT-NeoX's), torch (torch cross entropy on fp32 "
-        "logits), flash_attn_xentropy (flash-attn's fused xentropy); null = the engine's own (megatron: "
-        "vocab_parallel; deepspeed, orch's reference trainer: torch). orch plan accepts any; orch generate and "
-        "validate refuse one the engine does not use", omit_if_none=True)
+        "(Megatron-Core's, also Megatron-DeepSpeed's and GPT-NeoX's), vocab_parallel_fused (the same with "
+        "Megatron's --cross-entropy-loss-fusion, NeMo's and Megatron-Bridge's default), torch (torch cross "
+        "entropy on fp32 logits), flash_attn_xentropy (flash-attn's fused xentropy); null = the engine's own "
+        "(megatron: vocab_parallel; deepspeed, orch's reference trainer: torch). orch plan accepts any; orch "
+        "generate and validate refuse one the engine does not use", omit_if_none=True)
     layer_impl: Optional[Literal["megatron_core", "torchtitan_llama"]] = spec_field(
         None, doc="the transformer layer's code: megatron_core (fused Transformer Engine kernels, what orch "
         "trains) or torchtitan_llama (torchtitan's eager Llama layer: complex RoPE, separate projections, "

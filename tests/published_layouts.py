@@ -10,6 +10,10 @@ recipe ran without Megatron's EP all-to-all overlap (which orch generates wherev
 recipe used another FP8 scaling recipe than the delayed scaling orch writes (``fp8_recipe: "tensorwise"``,
 NVIDIA's "FP8-CS"; training.fp8_recipe), which the model reads for the experts' host launches.
 
+The loss (``loss``, spec field training.cross_entropy_impl) is Megatron-LM's default, the eager vocab-parallel cross
+entropy, unless a case's recipe fuses it (``vocab_parallel_fused``: NeMo's and Megatron-Bridge's default
+cross_entropy_loss_fusion, evidence in ``loss_source``).
+
 Dropout (``dropout``, the cost model's ``ModelShape.dropout``): 0 unless a case states otherwise with its evidence
 in ``dropout_source``. The Llama, Qwen3 and gpt-oss model providers of NeMo and Megatron-Bridge set
 hidden_dropout and attention_dropout 0.0 (Megatron-Bridge src/megatron/bridge/models/llama/llama_provider.py
@@ -80,6 +84,8 @@ def layout_case_spec_data(case: dict, *, published_layout: bool = True) -> dict:
     if case.get("glu_clamp") is not None:
         model["activation_func_clamp_value"] = case["glu_clamp"]
     training = {"global_batch_size": case["gbs"], "precision": case["precision"], "engine": "megatron"}
+    if case.get("loss"):        # the recipe's cross entropy, where it is not Megatron-LM's default (``loss_source``)
+        training["cross_entropy_impl"] = case["loss"]
     if case.get("fp8_recipe"):
         training["fp8_recipe"] = case["fp8_recipe"]
     data = {"name": case["id"][:64], "model": model,

@@ -15,7 +15,7 @@ from .params import ModelShape
 MASK_BYTES = 1
 LSE_BYTES = 4      # fused attention keeps its log-sum-exp in fp32
 LOGIT_FP32_BYTES = 4
-LOSS_IMPLS = ("vocab_parallel", "xentropy", "torch")
+LOSS_IMPLS = ("vocab_parallel", "vocab_parallel_fused", "xentropy", "torch")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def loss_bytes_per_logit(loss: str, dtype_bytes: int) -> int:
     """Peak bytes per logit element the loss holds (what it keeps for its backward and the logits' gradient;
     docs/cost-model.md, one case per :data:`LOSS_IMPLS`)."""
     e = dtype_bytes
-    if loss == "vocab_parallel":
+    if loss in ("vocab_parallel", "vocab_parallel_fused"):   # both keep the fp32 softmax (the same buffers)
         return LOGIT_FP32_BYTES + (e if e != LOGIT_FP32_BYTES else 0)
     if loss == "xentropy":
         return 2 * e

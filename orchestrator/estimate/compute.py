@@ -28,6 +28,12 @@ ADAM_BYTES_PER_PARAM = 36  # read master, m, v, fp32 grad; write master, m, v, 1
 # op, counted: param.mul_ 8, exp_avg.lerp_ 12, exp_avg_sq.mul_ 8 + addcmul_ 12, sqrt 8, div 8, add_ 8,
 # param.addcdiv_ 16.
 ADAM_UNFUSED_BYTES_PER_PARAM = 80
+# fp32 tensor passes per logit of Megatron-Core's vocab-parallel cross entropy beyond the casts (counted in
+# docs/cost-model.md, "The loss's memory traffic"): unfused max 1, sub_ 2, exp 2, sum 1, div_ 2, backward mul_ 2;
+# fused (--cross-entropy-loss-fusion) the max with the cast, sub/exp/sum 2, div 2, backward the softmax read and
+# the in-place mul_'s write-back 2 (the bf16 gradient written beside it).
+VOCAB_PARALLEL_FP32_PASSES = 10
+VOCAB_PARALLEL_FUSED_FP32_PASSES = 6
 
 
 @lru_cache(maxsize=65536)
@@ -239,22 +245,39 @@ def head_time_s(shape: ModelShape, hw: Hardware, tp: int, mb: int, padded_vocab:
     tokens = shape.seq_length * mb
     f, b = linear_times_s(tokens, padded_vocab // tp, shape.hidden_size, hw)
     e = hw.dtype_bytes
-    if shape.loss == "xentropy":
-        # flash-attn's xentropy (csrc/xentropy at v0.2.8): one forward kernel reads the logits (an fp32
-        # log-sum-exp per token out), one backward kernel reads them again and writes the gradient.
-        per_logit = 3 * e
-    else:
-        per_logit = e + 3 * FP32 + e   # logits in, fp32 softmax r/w, grad out
-    loss_bytes = tokens * padded_vocab / tp * per_logit
+    loss_bytes = tokens * padded_vocab / tp * loss_bytes_per_logit_moved(shape.loss, e)
     norm_bytes = 5 * e * tokens * shape.hidden_size
     return f + b + (loss_bytes + norm_bytes) / hw.hbm_Bps + 8 * hw.kernel_gap_s
 
 
+def loss_bytes_per_logit_moved(loss: str, e: int) -> float:
+    """HBM bytes the cross entropy moves per logit element, forward + backward (docs/cost-model.md,
+    "The loss's memory traffic"); ``e`` the logits' element size."""
+    cast = e + FP32 if e != FP32 else 0     # .float() of 16-bit logits (a no-op on fp32 ones)
+    if loss == "xentropy":
+        # flash-attn's xentropy (csrc/xentropy at v0.2.8): one forward kernel reads the logits (an fp32
+        # log-sum-exp per token out), one backward kernel reads them again and writes the gradient.
+        return 3 * e
+    if loss == "vocab_parallel":
+        # Megatron-Core's _VocabParallelCrossEntropy (tensor_parallel/cross_entropy.py), one eager kernel per op:
+        # forward .float(), max, in-place sub_, exp, sum, div_ over fp32 logits; backward the in-place mul_ by the
+        # loss gradient and autograd's cast of the fp32 gradient back to the logits' dtype.
+        return cast + VOCAB_PARALLEL_FP32_PASSES * FP32 + cast
+    if loss == "vocab_parallel_fused":
+        # --cross-entropy-loss-fusion (fusions/fused_cross_entropy.py): each @jit_fuser function one pass.
+        return cast + VOCAB_PARALLEL_FUSED_FP32_PASSES * FP32 + e    # the gradient written in the logits' dtype
+    return e + 3 * FP32 + e   # torch: logits in, fp32 softmax r/w, grad out
+
+
 @lru_cache(maxsize=16384)
 def embedding_time_s(shape: ModelShape, hw: Hardware, tp: int, mb: int) -> float:
-    """Embedding lookup forward and its gradient scatter-add backward."""
-    tokens = shape.seq_length * mb
-    return 3 * hw.dtype_bytes * tokens * shape.hidden_size / hw.hbm_Bps + 4 * hw.kernel_gap_s
+    """Embedding lookup forward and its gradient scatter-add backward, into a dense gradient of the whole
+    (vocab / tp) x h table that each micro-batch's backward zero-fills and the engine then accumulates into its
+    fp32 gradient buffer (docs/cost-model.md, "The embedding's dense gradient")."""
+    tokens, e = shape.seq_length * mb, hw.dtype_bytes
+    table = shape.vocab_size / tp * shape.hidden_size
+    dense_grad = table * (e + e + 2 * FP32)       # zero-fill; accumulate: read it, read and write the fp32 buffer
+    return (3 * e * tokens * shape.hidden_size + dense_grad) / hw.hbm_Bps + 6 * hw.kernel_gap_s
 
 
 def straggler_factor(num_gpus: int, spread: float) -> float:

@@ -145,7 +145,8 @@ def model_shape(spec: Spec) -> ModelShape:
 # training.attention_impl / cross_entropy_impl as the cost model names them (attention.py ATTENTION_IMPLS,
 # activations.py LOSS_IMPLS).
 ATTENTION_IMPL_OF = {"flash_attn_2": "fa2", "flash_attn_triton": "flash_attn_triton"}
-LOSS_IMPL_OF = {"vocab_parallel": "vocab_parallel", "torch": "torch", "flash_attn_xentropy": "xentropy"}
+LOSS_IMPL_OF = {"vocab_parallel": "vocab_parallel", "vocab_parallel_fused": "vocab_parallel_fused", "torch": "torch",
+                "flash_attn_xentropy": "xentropy"}
 
 
 def default_loss(engine: str) -> str:

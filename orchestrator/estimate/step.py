@@ -590,10 +590,21 @@ def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int, l
         else stage_params
     if lay.offload == "none":
         # On CPU orch writes torch_adam (render/deepspeed.py): PyTorch's unfused single-tensor Adam.
-        return optimizer_step_s(owned, hw, fused=ctx.gpu != "cpu"), 0.0
+        return optimizer_step_s(owned, hw, fused=ctx.gpu != "cpu") + _grad_buffer_zero_s(ctx, lay, stage_params,
+                                                                                          owned), 0.0
     pcie = 2 * hw.dtype_bytes * owned / hw.host_Bps          # gradients down, parameters up
     adam = owned / ctx.cost.cpu_adam_params_per_s if ctx.gpu != "cpu" else optimizer_step_s(owned, hw, fused=False)
     fetch = 0.0
     if lay.offload == "optimizer+params":                     # every forward and backward reads them back
         fetch = m * (3 if lay.recompute == "full" else 2) * hw.dtype_bytes * owned / hw.host_Bps
     return adam + pcie, fetch
+
+
+def _grad_buffer_zero_s(ctx: EstimateContext, lay: Layout, stage_params: float, owned: float) -> float:
+    """Megatron's distributed optimizer (ZeRO-1/2) zeroes the whole local gradient buffer every step, not only the
+    owned shard optimizer_step_s counts (core distributed_data_parallel.py zero_grad_buffer: each bucket group's
+    ``grad_data.zero_()``), in the gradient's reduce dtype (grad_reduce_bytes; docs/cost-model.md)."""
+    if ctx.engine != "megatron" or sharding_stage(ctx, lay) not in (1, 2):
+        return 0.0
+    element = grad_reduce_bytes(ctx.engine, ctx.precision, ctx.hw.dtype_bytes)
+    return element * max(0.0, stage_params - owned) / ctx.hw.hbm_Bps

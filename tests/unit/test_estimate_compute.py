@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.estimate.compute import (causal_fraction, estimate_layer_time, matmul_efficiency, matmul_time_s,
-                                           straggler_factor)
+from orchestrator.estimate.compute import (causal_fraction, embedding_time_s, estimate_layer_time, matmul_efficiency,
+                                           matmul_time_s, straggler_factor)
 from orchestrator.estimate.cost import CostModel
 from orchestrator.estimate.hardware import hardware_for
 from orchestrator.estimate.params import model_shape
@@ -81,3 +81,16 @@ def test_h100_faster_than_a100_for_the_same_layer():
     a = _layer("llama3-8b", "a100-80gb", 1, 1, False, "none").total_s
     h = _layer("llama3-8b", "h100-sxm", 1, 1, False, "none").total_s
     assert 2.0 < a / h < 3.5    # 3.2x peak, 1.6x HBM bandwidth
+
+
+def test_embedding_backward_pays_its_dense_gradient_table():
+    """PyTorch's embedding backward zero-fills a dense (vocab / tp) x h gradient each micro-batch and the engine
+    accumulates it into the fp32 buffer: e + e + 8 bytes per table element, whatever the token count."""
+    spec = parse_spec({"name": "x", "model": {"preset": "gpt3-1.7b", "seq_length": 2048, "vocab_size": 131072},
+                       "cluster": {"gpu": "h100-sxm", "num_nodes": 1, "gpus_per_node": 8},
+                       "training": {"global_batch_size": 8, "precision": "bf16"}})
+    shape, hw = model_shape(spec), hardware_for(spec, CostModel())
+    lookup = 3 * 2 * 2048 * shape.hidden_size / hw.hbm_Bps
+    table = 131072 * shape.hidden_size * (2 + 2 + 8) / hw.hbm_Bps
+    assert embedding_time_s(shape, hw, 1, 1) == pytest.approx(lookup + table + 6 * hw.kernel_gap_s)
+    assert embedding_time_s(shape, hw, 2, 1) - embedding_time_s(shape, hw, 1, 1) == pytest.approx(-table / 2)

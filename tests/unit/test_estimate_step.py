@@ -171,3 +171,21 @@ def test_distributed_saved_input_keeps_one_tp_slice_and_pays_one_all_gather_per_
     sp = dataclasses.replace(full, sequence_parallel=True)
     assert (estimate(EstimateContext.of(spec_with(SPEC, **{'parallelism.distribute_saved_activations': True})), sp).step_time_s
             == estimate(EstimateContext.of(SPEC), sp).step_time_s)
+
+
+def test_distributed_optimizer_zeroes_its_whole_gradient_buffer():
+    """ZeRO-1 on Megatron (the distributed optimizer) steps 1/dp of the parameters, but zero_grad_buffer clears
+    every local fp32 gradient (bf16 reduces in fp32): the optimizer time is the owned shard's Adam plus 4 bytes
+    per non-owned local parameter; ZeRO-0 owns them all and DeepSpeed is not charged it."""
+    from orchestrator.estimate.compute import optimizer_step_s
+    from orchestrator.estimate.step import EstimateContext, _optimizer_s, params_of
+
+    ctx = EstimateContext.of(SPEC)
+    local = params_of(ctx, LAYOUT).per_gpu
+    optimizer_s, _ = _optimizer_s(ctx, LAYOUT, local, 1, 8)
+    owned = local / LAYOUT.dp
+    assert optimizer_s == pytest.approx(optimizer_step_s(owned, ctx.hw) + 4 * (local - owned) / ctx.hw.hbm_Bps)
+    zero0 = dataclasses.replace(LAYOUT, zero_stage=0)
+    assert _optimizer_s(ctx, zero0, local, 1, 8)[0] == pytest.approx(optimizer_step_s(local, ctx.hw))
+    ds = EstimateContext.of(spec_with(SPEC, **{"training.engine": "deepspeed"}))
+    assert _optimizer_s(ds, LAYOUT, local, 1, 8)[0] == pytest.approx(optimizer_step_s(owned, ds.hw))

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from orchestrator.estimate.activations import estimate_activations, logits_bytes, loss_bytes_per_logit
-from orchestrator.estimate.compute import head_time_s
+from orchestrator.estimate.compute import head_time_s, loss_bytes_per_logit_moved
 from orchestrator.estimate.params import ModelShape
 from orchestrator.estimate.step import EstimateContext
 from tests.published import EXTRA_CASES, MPT_FSDP, case_loss, published_estimate, throughput_spec
@@ -45,8 +45,19 @@ def test_fused_xentropy_moves_fewer_bytes_than_the_fp32_softmax():
     hw = EstimateContext.of(spec).hw
     fused = head_time_s(dataclasses.replace(MPT_3B, loss="xentropy"), hw, 1, 12, 50368)
     unfused = head_time_s(MPT_3B, hw, 1, 12, 50368)
-    # 3 x 2 bytes against 2 + 3 x 4 + 2 per logit: 10 bytes less, at the modelled HBM rate
-    assert unfused - fused == pytest.approx(2048 * 12 * 50368 * 10 / hw.hbm_Bps, rel=1e-9)
+    # 3 x 2 bytes against Megatron-Core's eager vocab-parallel cross entropy, 52 per logit: 46 bytes less
+    assert unfused - fused == pytest.approx(2048 * 12 * 50368 * 46 / hw.hbm_Bps, rel=1e-9)
+
+
+def test_vocab_parallel_cross_entropy_traffic_is_counted_per_op():
+    """Megatron-Core's cross entropy (tensor_parallel/cross_entropy.py): bf16 logits -> fp32 (2 + 4), max (4),
+    sub_ (8), exp (8), sum (4), div_ (8); backward mul_ (8) and autograd's cast back (4 + 2): 52 bytes per logit;
+    the --cross-entropy-loss-fusion functions 32; on fp32 logits no casts."""
+    assert loss_bytes_per_logit_moved("vocab_parallel", 2) == 52
+    assert loss_bytes_per_logit_moved("vocab_parallel", 4) == 40
+    assert loss_bytes_per_logit_moved("vocab_parallel_fused", 2) == 32
+    assert loss_bytes_per_logit_moved("xentropy", 2) == 6
+    assert loss_bytes_per_logit("vocab_parallel_fused", 2) == loss_bytes_per_logit("vocab_parallel", 2)
 
 
 def test_orch_runs_get_their_engines_loss():

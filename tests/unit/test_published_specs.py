@@ -85,7 +85,9 @@ def test_generate_refuses_what_orch_cannot_write_and_names_each_field():
                      "model.attention_dropout", "parallelism.distribute_saved_activations"}
     assert all(p.hint for p in generate_problems(_published("glm_130b")))
     # what orch writes passes: its own release (0.16 names core_v0.16.1), its own loss, Megatron options on Megatron
-    assert generate_problems(_published("mbridge2602_gpt_oss_120b_bf16")) == []
+    # ... and a Megatron-Bridge recipe's fused loss (--cross-entropy-loss-fusion) is refused by name
+    assert [p.path for p in generate_problems(_published("mbridge2602_gpt_oss_120b_bf16"))] == \
+        ["training.cross_entropy_impl"]
     assert generate_problems(_published("opt_175b")) == []
     megatron = parse_spec(spec_data(**MEGATRON_LAYOUTS["gqa-swiglu-tp4-pp2-full"], **{
         "training.engine_version": "0.16", "training.cross_entropy_impl": "vocab_parallel"}))
