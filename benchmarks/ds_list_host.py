@@ -13,6 +13,8 @@ counted as CostModel.kernel_gap_s). Prints the median and minimum microseconds p
 1536-rank loop (the machine is shared: take the minimum).
 
     .venv/bin/python benchmarks/ds_list_host.py
+
+It runs as written under torch 1.8.1 too (Python 3.8), the PyTorch the 2021 releases ran with.
 """
 from __future__ import annotations
 

@@ -100,13 +100,16 @@ class CostModel:
     # of the group (partition_parameters.py _allgather_param / _reduce_scatter_gradient). The loop never
     # touches the device: benchmarks/ds_list_host.py times it as written on this CPU target (torch 2.13):
     # 1536-rank loop, 3 runs of 15, minimum 1.94-2.00 us, medians 2.03-2.81 us per rank (2026-12-01, shared
-    # machine, load ~1.3). The copy back into each view is a kernel launch (kernel_gap_s) on top.
+    # machine, load ~1.3). The copy back into each view is a kernel launch (kernel_gap_s) on top. Under torch 1.8.1
+    # (the PyTorch of the 2021 runs; Python 3.8) the same loop takes 1.4-1.7 us, against 2.5-2.6 us under torch
+    # 2.13 in the same minute (2026-12-02, load ~5): no underestimate for those releases.
     ds_list_rank_host_s: float = 2.0e-6
     # Host time per rank and resident parameter of the copy loop in DeepSpeed < 0.5.5's synchronous gather of
     # the resident (persistent) parameters after each optimizer step (partition_parameters._allgather_params:
     # narrow, view, narrow, copy_ per rank and tensor). benchmarks/ds_list_host.py on this CPU target (CPU
     # tensors; on a GPU each copy_ launches a kernel, kernel_gap_s): 3 runs of 15, minimum 4.29-4.37 us,
-    # medians 4.33-4.76 us per rank (2026-12-01, load ~1).
+    # medians 4.33-4.76 us per rank (2026-12-01, load ~1); torch 1.8.1: 3.0-3.3 us against 5.7-5.8 us under torch
+    # 2.13 in the same minute (2026-12-02, load ~5).
     ds_persistent_copy_host_s: float = 4.3e-6
     # Host time of one ZeRO-3 hook pass over a module whose parameters stay resident (under
     # stage3_param_persistence_threshold: the norms): the hook gathers nothing, so on a GPU it runs ahead of

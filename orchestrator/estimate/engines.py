@@ -41,8 +41,16 @@ DS_PARTITION_COPIES = 4
 DS_REDUCE_BUCKET_ELEMENTS = 500_000_000
 DS_MAX_REUSE_DISTANCE = 1_000_000_000   # stage3_max_reuse_distance (and max_live_parameters) orch writes
 # stage3_max_live_parameters' default in every release with ZeRO-3 (constants.py, v0.3.12-v0.5.10: 1e9):
-# the pre-0.6 prefetch is skipped while this many elements are gathered (ds_zero3_fetch_schedule)
+# the pre-0.6 prefetch is skipped while this many elements are gathered (ds_zero3_fetch_schedule) ...
 DS_LEGACY_MAX_LIVE_PARAMETERS = 1_000_000_000
+# ... as the coordinator counts them, and its count loses the resident parameters at every step (stage3.py
+# v0.3.12-v0.5.10): backward() ends in _partition_all_parameters, whose release_and_reset_parameter
+# decrements total_available_parameter_numel for every parameter still gathered, the resident ones (biases,
+# norms: ds_persist) included, which no fetch ever counted in (fetch_sub_module counts only NOT_AVAILABLE
+# parameters; _post_step gathers the resident ones back through param.all_gather, outside the coordinator).
+# The gate compares a counter that falls by the resident elements every step: 13h per GPT layer, 2.8e7 for
+# the 530B model, whose gated schedule is its ungated one from the 25th step (tests/unit/test_estimate_comm.py).
+# A training run's step is the steady state: the gate never closes (ds_zero3_runtime: max_live_elements 0).
 DS_GATHERS_PER_LAYER = 4
 MEGATRON_FSDP_GATHERS_PER_LAYER = 1
 
@@ -102,8 +110,8 @@ def ds_zero3_fetch_schedule(module_elements: tuple[int, ...], layers: int, full_
     layer, each layer recomputing its forward first when ``full_recompute``, then its modules in reverse.
     At each use the module's parameters are fetched (gathered synchronously unless kept or in flight; a
     fetch of parameters in flight waits for every gather in flight: ``_synchronize_communication``), then,
-    with ``prefetch_elements``, the prefetch runs, only if no gather is in flight and fewer than ``max_live``
-    elements are gathered (``prefetch_next_sub_modules``: ``not self.in_flight_handles and
+    with ``prefetch_elements``, the prefetch runs, only if no gather is in flight and (``max_live`` > 0) fewer
+    than ``max_live`` elements are gathered (``prefetch_next_sub_modules``: ``not self.in_flight_handles and
     self.total_available_parameter_numel < self.max_available_parameters_in_numel``, v0.3.12-v0.5.x): it
     takes the next not-gathered modules of the trace until ``prefetch_elements``. After the use a module
     stays gathered when it is due again before ``max_reuse`` elements of other modules' parameters have run
@@ -132,7 +140,7 @@ def ds_zero3_fetch_schedule(module_elements: tuple[int, ...], layers: int, full_
             in_flight = []
         status[unit] = "A"
         prefetched: list[int] = []
-        if prefetch_elements and not in_flight and live < max_live:
+        if prefetch_elements and not in_flight and (max_live <= 0 or live < max_live):
             taken = 0
             for s in range(t + 1, len(trace)):
                 u = trace[s][:2]
@@ -195,7 +203,7 @@ class Zero3Runtime:
     list_reduce_scatters: bool = False   # one reduce-scatter per parameter on n input views
     allreduce_gradients: bool = False    # bucketed all-reduce of full gradients (contiguous_gradients off)
     prefetch_elements: int = 0           # synchronous fetch: the release's default stage3_prefetch_bucket_size
-    max_live_elements: int = 0           # synchronous fetch: its default stage3_max_live_parameters (the gate)
+    max_live_elements: int = 0           # synchronous fetch: the live-parameter gate (0: never closes)
 
 
 def ds_version(version: str | None) -> tuple[int, ...]:
@@ -212,7 +220,7 @@ def ds_zero3_runtime(version: str | None) -> Zero3Runtime:
     return Zero3Runtime(synchronous_fetch=synchronous, list_gathers=v < DS_FLAT_GATHERS_SINCE,
                         list_reduce_scatters=not allreduce and synchronous, allreduce_gradients=allreduce,
                         prefetch_elements=DS_LEGACY_PREFETCH_BUCKET_ELEMENTS if synchronous else 0,
-                        max_live_elements=DS_LEGACY_MAX_LIVE_PARAMETERS if synchronous else 0)
+                        max_live_elements=0)
 
 
 def ds_pipeline_reduces_after_flush(engine: str, pp: int) -> bool:

@@ -130,14 +130,13 @@ def test_deepspeed_zero3_runtime_by_release():
     (#1453); None is the DeepSpeed orch writes configs for."""
     from orchestrator.estimate.engines import Zero3Runtime, ds_zero3_runtime
 
-    bucket, live = 50_000_000, 1_000_000_000      # stage3_prefetch_bucket_size, stage3_max_live_parameters then
+    bucket = 50_000_000      # stage3_prefetch_bucket_size then; its live-parameter gate is open in steady state
     assert ds_zero3_runtime("0.3") == Zero3Runtime(synchronous_fetch=True, list_gathers=True, allreduce_gradients=True,
-                                                   prefetch_elements=bucket, max_live_elements=live)
+                                                   prefetch_elements=bucket)
     assert ds_zero3_runtime("0.4.3") == Zero3Runtime(synchronous_fetch=True, list_gathers=True,
-                                                     list_reduce_scatters=True, prefetch_elements=bucket,
-                                                     max_live_elements=live)
+                                                     list_reduce_scatters=True, prefetch_elements=bucket)
     assert ds_zero3_runtime("0.5.5") == Zero3Runtime(synchronous_fetch=True, list_reduce_scatters=True,
-                                                     prefetch_elements=bucket, max_live_elements=live)
+                                                     prefetch_elements=bucket)
     assert ds_zero3_runtime("0.6.0") == ds_zero3_runtime(None) == Zero3Runtime()
 
 
@@ -251,23 +250,46 @@ def test_legacy_prefetch_is_skipped_while_a_module_over_max_live_is_gathered():
 
 
 def test_legacy_zero3_synchronous_fetches_are_exposed_whatever_the_compute():
-    """With ample compute, DeepSpeed 0.3's prefetched gathers hide (only the host work around each stays);
-    a synchronous fetch (the live-parameter gate) is exposed whole: 530B-sized modules expose more than a
-    forward pass's ring time over the step, 175B-sized ones only their first gather and last reduction."""
-    from orchestrator.estimate.engines import ds_zero3_runtime
+    """With ample compute, DeepSpeed 0.3's prefetched gathers hide (only the host work around each stays),
+    530B-sized modules too once the live-parameter gate is open (every step after the first few: engines.py
+    DS_LEGACY_MAX_LIVE_PARAMETERS); while it closes, a synchronous fetch is exposed whole: more than a forward
+    pass's ring time over the step."""
+    from orchestrator.estimate.engines import DS_LEGACY_MAX_LIVE_PARAMETERS, ds_zero3_runtime
 
     h, pl = hw(num_nodes=280), Placement(2240, 8, 280)
+    gated = dataclasses.replace(ds_zero3_runtime("0.3"), max_live_elements=DS_LEGACY_MAX_LIVE_PARAMETERS)
     exposed = {}
     for hidden in (12288, 20480):
         mods = (3 * hidden**2, hidden**2, 4 * hidden**2, 4 * hidden**2)
-        w = work(zero_stage=3, num_microbatches=1, layers=8, param_elements=8 * sum(mods), modules=mods,
-                 full_recompute=True, forward_window_s=1e3, backward_window_s=3e3, zero3=ds_zero3_runtime("0.3"))
-        dp = data_parallel_comm(w, pl, 1.0, h)
-        no_host = data_parallel_comm(dataclasses.replace(w, zero3=dataclasses.replace(w.zero3, list_gathers=False)),
-                                     pl, 1.0, h)
-        ring_f = 8 * sum(all_gather_s(e * 2, pl, h) for e in mods)
-        exposed[hidden] = (dp.exposed_s, no_host.exposed_s, ring_f)
-    gpt3, big = exposed[12288], exposed[20480]
-    assert gpt3[1] < 0.2 * gpt3[2]             # the ring hides: the first gather, the last reduction, the zeroing
+        for rt in (ds_zero3_runtime("0.3"), gated):
+            w = work(zero_stage=3, num_microbatches=1, layers=8, param_elements=8 * sum(mods), modules=mods,
+                     full_recompute=True, forward_window_s=1e3, backward_window_s=3e3, zero3=rt)
+            dp = data_parallel_comm(w, pl, 1.0, h)
+            no_host = data_parallel_comm(dataclasses.replace(w, zero3=dataclasses.replace(rt, list_gathers=False)),
+                                         pl, 1.0, h)
+            ring_f = 8 * sum(all_gather_s(e * 2, pl, h) for e in mods)
+            exposed[hidden, rt is gated] = (dp.exposed_s, no_host.exposed_s, ring_f)
+    for key in ((12288, False), (12288, True), (20480, False)):
+        e = exposed[key]
+        assert e[1] < 0.3 * e[2]             # the ring hides: the first gather, the last reduction, the zeroing
+        assert e[0] > e[1]                   # the per-rank list loop and copies come on top
+    big = exposed[20480, True]
     assert big[1] > 0.7 * big[2]             # synchronous fetches: more than a forward pass of ring time
-    assert big[0] > big[1] and gpt3[0] > gpt3[1]             # the per-rank list loop and copies come on top
+
+
+def test_legacy_live_gate_opens_as_its_counter_loses_the_resident_parameters():
+    """DeepSpeed 0.3.12-0.5.10's coordinator decrements its live-parameter count for the resident parameters
+    at every backward (_partition_all_parameters) and never counts them in (_post_step regathers them outside
+    it): the gate compares stage3_max_live_parameters with a count 13h per layer lower each step. For the 530B
+    model (h 20480, 105 layers) the gated schedule is the ungated one from 25 steps on, not at 24."""
+    from orchestrator.estimate.engines import DS_LEGACY_MAX_LIVE_PARAMETERS as live, ds_zero3_fetch_schedule
+
+    h, layers = 20480, 105
+    mods, resident = (3 * h * h, h * h, 4 * h * h, 4 * h * h), 13 * h * layers + 2 * h
+
+    def schedule(max_live):
+        return ds_zero3_fetch_schedule(mods, layers, True, 10**9, max_live, 5 * 10**7)
+    ungated = schedule(0)
+    assert schedule(live) != ungated
+    assert schedule(live + 24 * resident) != ungated
+    assert schedule(live + 25 * resident) == ungated
