@@ -14,8 +14,8 @@ from functools import lru_cache
 from .compute import LayerTimeEstimate, attention_linear_shapes, estimate_layer_time, mlp_linear_shapes
 from .context import context_layer_comm, rank_shape, with_full_attention
 from .hardware import Hardware
-from .moe import (after_sync_host_s, dense_host_s, expert_layer_comm, expert_work, moe_host_s, moe_mlp_times,
-                  with_dispatch_sync, with_host_floor)
+from .moe import (after_sync_host_s, dense_host_s, expert_layer_comm, expert_work, host_idle_s, moe_host_s,
+                  moe_mlp_times, with_dispatch_sync, with_host_floor)
 from .params import ModelShape
 from .precision import FP8_RECIPE, cast_bytes_per_row, fp8_gemm_hardware
 
@@ -33,6 +33,7 @@ class RankLayer:
     cp_bytes: float = 0.0      # context-parallel K/V ring
     cp_s: float = 0.0
     cp_exposed_s: float = 0.0
+    host_idle_s: float = 0.0   # GPU time a host-bound layer waits for its launches (moe.py host_idle_s)
 
     @property
     def total_s(self) -> float:
@@ -64,11 +65,12 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
                         _dense_cast_rows(rs, key), hw, gemm_hw)
     if gpu != "cpu":     # eager PyTorch launches every kernel from the host (the CPU target counts it as compute)
         dense = with_host_floor(dense, *dense_host_s())
-    layer, ep_bytes, ep_s = dense, 0.0, 0.0
+    layer, ep_bytes, ep_s, idle = dense, 0.0, 0.0, 0.0
     if shape.moe is not None:
         mlp = moe_mlp_times(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb, gemm_hw)
         moe_layer = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw, mlp),
                                 _moe_cast_rows(shape, rs, key), hw, gemm_hw)
+        gpu_only = moe_layer
         if gpu != "cpu":
             fp8 = precision == "fp8"
             moe_layer = with_host_floor(moe_layer, *moe_host_s(shape, key.ep, fp8, fp8_recipe))
@@ -76,6 +78,7 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
                 moe_layer = with_dispatch_sync(moe_layer, mlp.forward_s,
                                                after_sync_host_s(shape, key.ep, fp8, fp8_recipe))
         share = shape.num_moe_layers / shape.num_layers
+        idle = share * host_idle_s(moe_layer, gpu_only)
         layer = _mix(dense, moe_layer, share)
         comm = expert_layer_comm(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb)
         # The ``moe`` recompute module redoes the forward's dispatch and combine: 3 of the 2 + 2 exchanges.
@@ -84,7 +87,7 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
     layer = with_full_attention(layer, shape, key.cp, hw.kernel_gap_s)
     cp = context_layer_comm(shape, hw, key.tp, key.cp, key.mb, layer.attention_forward_s)
     return RankLayer(time=layer, ep_bytes=ep_bytes, ep_s=ep_s, cp_bytes=cp.bytes, cp_s=cp.seconds,
-                     cp_exposed_s=cp.exposed_s)
+                     cp_exposed_s=cp.exposed_s, host_idle_s=idle)
 
 
 def _mix(dense: LayerTimeEstimate, moe: LayerTimeEstimate, share: float) -> LayerTimeEstimate:

@@ -377,7 +377,10 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     emb = slow * embedding_time_s(rshape, hw, tp, mb)
     overlap = ctx.ep_a2a_overlap and uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp,
                                                          lay.recompute)
-    ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap, unpaired_share(pp, vpp, m))
+    ep_unpaired = unpaired_share(pp, vpp, m)
+    ep_behind_compute = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap, ep_unpaired)
+    # ... and what runs while a host-bound layer's GPU waits for its launches (moe.py host_idle_s)
+    ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap, ep_unpaired, rl.host_idle_s)
     bf16_opt = uses_bf16_optimizer(ctx, lay)
     hp_layer, hp_emb, hp_head = hp_grad_copies_s(ctx, lay, params) if bf16_opt else (0.0, 0.0, 0.0)
     times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s + hp_layer,
@@ -409,7 +412,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     engine_s = pipe_host_s + (offload_host + step_host_s) + fetch_host_s
     tp_total = m * stage_layers * tp_s
     # the expert all-to-all the EP overlap hides behind the other micro-batch's compute takes SMs as well
-    ep_hidden = m * stage_layers * (rl.ep_s - ep_exposed)
+    ep_hidden = m * stage_layers * (rl.ep_s - ep_behind_compute)
     pp_fill_s = (pp - 1) / vpp * (x_fill - x_exposed) if pp > 1 else 0.0   # overlapped exchanges waited in fill/drain
     pp_hidden = max(0.0, pp_s - emb_sync - m * x_exposed - pp_fill_s)     # ... and those hidden (uses_p2p_overlap)
     # NCCL's hidden collectives slow the GEMMs they share the SMs with (estimate/overlap.py); TE's TP overlap

@@ -138,14 +138,15 @@ def test_adam_steps_the_experts_shard_of_the_expert_data_parallel_group():
 
 def test_a_published_run_without_the_ep_overlap_exposes_its_whole_all_to_all():
     """NVIDIA's 26.04 Qwen3-30B-A3B H100 recipe ran without --overlap-moe-expert-parallel-comm; orch emits it
-    (pp 1), so only the case's ep_a2a_overlap: false makes the model expose the whole dispatch and combine."""
+    (pp 1), so only the case's ep_a2a_overlap: false makes the model expose the whole dispatch and combine, less
+    the part that runs while the host-bound layer's GPU waits for its launches (moe.py host_idle_s)."""
     case = next(c for c in load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")
                 if c["id"] == "mbridge2604_qwen3_30b_a3b_fp8")
     assert case["ep_a2a_overlap"] is False
     as_run = predicted_layout(case)
     as_orch = predicted_layout({**case, "ep_a2a_overlap": True})
-    assert as_run["comm"]["ep_exposed_s"] == pytest.approx(as_run["comm"]["ep_s"])
-    assert as_orch["comm"]["ep_exposed_s"] < 0.8 * as_orch["comm"]["ep_s"]
+    assert 0.5 * as_run["comm"]["ep_s"] < as_run["comm"]["ep_exposed_s"] < as_run["comm"]["ep_s"]
+    assert as_orch["comm"]["ep_exposed_s"] < 0.8 * as_run["comm"]["ep_exposed_s"]
     assert as_run["step_time_s"] > as_orch["step_time_s"]
 
 
