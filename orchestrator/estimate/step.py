@@ -389,7 +389,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     chunk_layers = stage_layers / vpp
     pp_bytes, pp_s, x_exposed, emb_sync = _pipeline_comm(
         ctx, lay, params, tokens, tp_pl, m, bf16_opt,
-        (chunk_layers * slow * layer.forward_s, chunk_layers * slow * (layer.backward_s + layer.recompute_s)))
+        (chunk_layers * slow * layer.forward_s, chunk_layers * slow * (layer.backward_s + layer.recompute_s)),
+        combined_1f1b=overlap)
     # the overlapped exchanges of the warmup and flush are waited at once (no overlap_p2p_comm_warmup_flush)
     x_fill = (pp_s - emb_sync) / m if uses_p2p_overlap(ctx, lay) else x_exposed
     host_mb = cost.pipeline_microbatch_host_s if ds_pipeline_host_exposed(ctx.engine, pp) else 0.0
@@ -448,13 +449,14 @@ def _gemm_share(layer) -> float:
 
 
 def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, tokens: int, tp_pl: Placement,
-                   m: int, bf16_opt: bool, chunk_windows_s: tuple[float, float] = (0.0, 0.0)
-                   ) -> tuple[float, float, float, float]:
+                   m: int, bf16_opt: bool, chunk_windows_s: tuple[float, float] = (0.0, 0.0),
+                   combined_1f1b: bool = False) -> tuple[float, float, float, float]:
     """(bytes, time, exposed time per micro-batch, tied-embedding sync time) of a step's pipeline traffic:
     the stage boundary transfers and, with tied embeddings, the embedding gradient's all-reduce between the
     first and last stage; all 0 without pipeline parallelism. ``chunk_windows_s``: (forward, backward) compute
     of one model chunk for one micro-batch, what Megatron's overlapped exchanges hide behind
-    (:func:`overlapped_p2p_exposed_s`)."""
+    (:func:`overlapped_p2p_exposed_s`); ``combined_1f1b``: the EP overlap merges each forward chunk with a
+    backward one (:func:`combined_1f1b_p2p_exposed_s`)."""
     shape, hw, tp = ctx.shape, ctx.hw, lay.tp
     if lay.pp <= 1:
         return 0.0, 0.0, 0.0, 0.0
@@ -464,7 +466,8 @@ def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, to
     x = p2p_transfers_per_microbatch(ctx.engine, lay.vpp) * one_s
     exposed = (1 - ctx.cost.pp_overlap) * x
     if uses_p2p_overlap(ctx, lay):
-        exposed = overlapped_p2p_exposed_s(one_s, lay.vpp, *chunk_windows_s)
+        exposed = combined_1f1b_p2p_exposed_s(x) if combined_1f1b else \
+            overlapped_p2p_exposed_s(one_s, lay.vpp, *chunk_windows_s)
     if ds_pipe_partitioned(ctx.engine, tp) and not lay.sequence_parallel:
         x = ds_partitioned_transfers_s(ds_pipe_hand_overs(ctx.engine_version), one_bytes, tp_pl, inter, hw)
         exposed = (1 - ctx.cost.pp_overlap) * x
@@ -494,6 +497,22 @@ def overlapped_p2p_exposed_s(one_s: float, vpp: int, chunk_forward_s: float, chu
     after the backward is waited before the next backward, behind one chunk's forward. Each of the v chunks of
     a micro-batch: what a transfer takes beyond its window."""
     return vpp * (max(0.0, one_s - chunk_backward_s) + max(0.0, one_s - chunk_forward_s))
+
+
+def combined_1f1b_p2p_exposed_s(transfers_s: float) -> float:
+    """Exposed p2p time per micro-batch of the interleaved schedule with the EP all-to-all overlap: all of the
+    steady state's exchanges (``transfers_s``, the 2v hand-overs). With --overlap-moe-expert-parallel-comm
+    Megatron-Core runs each steady-state step as one merged forward + backward chunk pass (core_v0.16.1
+    pipeline_parallel/combined_1f1b.py combined_1f1b_schedule_for_interleaved_pipelining, models/common/
+    model_chunk_schedule_plan.py TransformerModelChunkSchedulePlan.run): its layers interleave the forward of
+    one micro-batch with the backward of another, and only after the last of them are the forward's output
+    (post_forward, on the comm stream) and the backward's input gradient (post_backward) sent, with one
+    layer's delayed attention weight gradient behind them; the next merged step starts by waiting for both
+    receives (pre_forward, pre_backward). The neighbour's output is therefore ready only when its whole step
+    ends, where the separate passes of overlap_p2p_comm leave it a backward (or forward) chunk to travel in
+    (:func:`overlapped_p2p_exposed_s`): each step waits for its two incoming hand-overs, which share the
+    rank's link. The one attention weight gradient they may overlap is left out."""
+    return transfers_s
 
 
 def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_window_s: float,

@@ -104,7 +104,9 @@ def test_dropless_sync_puts_the_experts_launches_before_the_next_attention():
 def test_hidden_expert_all_to_all_takes_sms_like_other_hidden_collectives():
     """Budget identity: the compute slowdown of a step is channels/SMs of the TP and expert collectives it
     hides, the expert all-to-all that the EP overlap hides included (Qwen3-235B-A22B as NVIDIA ran it), plus
-    what the hidden NCCL data-parallel and pipeline collectives cost the GEMMs (estimate/overlap.py)."""
+    what the hidden NCCL data-parallel and pipeline collectives cost the GEMMs (estimate/overlap.py). The part
+    of the all-to-all that runs while a host-bound layer's GPU waits for its launches takes no SMs from compute
+    (moe.py host_idle_s): the slowdown is at most the identity's, and more than the TP collectives' alone."""
     case = next(c for c in load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")
                 if c["id"] == "mbridge2602_qwen3_235b_a22b_fp8")
     chosen = build_plan(layout_case_spec(case), top_k=1).chosen
@@ -113,9 +115,10 @@ def test_hidden_expert_all_to_all_takes_sms_like_other_hidden_collectives():
         hidden += comm[f"{kind}_s"] - comm[f"{kind}_exposed_s"]
     ep_hidden = comm["ep_s"] - comm["ep_exposed_s"]
     assert ep_hidden > 0.1 * chosen["step_time_s"]
-    linear = CostModel().comm_channels / 132 * (hidden - (comm["dp_s"] - comm["dp_exposed_s"]))
+    share = CostModel().comm_channels / 132
+    linear = share * (hidden - (comm["dp_s"] - comm["dp_exposed_s"]))
     nccl = comm["dp_s"] - comm["dp_exposed_s"] + comm["pp_s"] - comm["pp_exposed_s"]
-    assert linear < chosen["breakdown"]["contention_s"] <= linear + nccl
+    assert linear - share * ep_hidden < chosen["breakdown"]["contention_s"] <= linear + nccl
 
 
 def test_adam_steps_the_experts_shard_of_the_expert_data_parallel_group():

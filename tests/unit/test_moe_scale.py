@@ -150,3 +150,15 @@ def test_the_pipelined_ep8_layout_is_predicted_slower_than_ep16_without_pipelini
         spec = load_spec(ROOT / "tests" / "data" / "published-specs" / f"{run}.yaml")
         tokens[run] = build_plan(spec, top_k=1).chosen["tokens_per_s"] / spec.world_size
     assert tokens["mbridge2511_qwen3_30b_a3b_fp8"] < tokens["mbridge260201_qwen3_30b_a3b_fp8"]
+
+
+def test_the_merged_chunk_passes_of_the_ep_overlap_expose_the_pipeline_exchanges():
+    """With --overlap-moe-expert-parallel-comm each steady-state step of the interleaved schedule is one merged
+    forward + backward chunk pass that sends its outputs only after its last layer, and the next step waits for
+    both receives: the stage exchanges are exposed whole (Qwen3-30B-A3B, pp 2, vp 12, across two nodes); the
+    separate passes of overlap_p2p_comm hide them behind the other pass's chunk."""
+    case = CASES["mbridge2511_qwen3_30b_a3b_fp8"]
+    merged = predicted_layout(case)["comm"]
+    separate = predicted_layout({**case, "ep_a2a_overlap": False})["comm"]
+    assert merged["pp_exposed_s"] == pytest.approx(merged["pp_s"], rel=1e-6)
+    assert separate["pp_exposed_s"] < 0.05 * separate["pp_s"]
