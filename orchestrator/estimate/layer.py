@@ -14,8 +14,9 @@ from functools import lru_cache
 from .compute import LayerTimeEstimate, attention_linear_shapes, estimate_layer_time, mlp_linear_shapes
 from .context import context_layer_comm, rank_shape, with_full_attention
 from .hardware import Hardware
-from .moe import (after_sync_host_s, dense_host_s, expert_layer_comm, expert_work, host_idle_s, moe_host_s,
-                  moe_mlp_times, with_dispatch_sync, with_host_floor)
+from .moe import (DENSE_LAYER_NODES, MOE_LAYER_NODES, after_sync_host_s, combined_1f1b_host_s, dense_host_s,
+                  expert_layer_comm, expert_work, host_idle_s, moe_host_s, moe_mlp_times, with_dispatch_sync,
+                  with_host_floor)
 from .params import ModelShape
 from .precision import FP8_RECIPE, cast_bytes_per_row, fp8_gemm_hardware
 
@@ -52,6 +53,7 @@ class LayerKey:
     mb: int
     sp: bool
     recompute: str
+    combined_1f1b: bool = False   # the EP all-to-all overlap runs the layer as schedule nodes (moe.py)
 
 
 @lru_cache(maxsize=65536)
@@ -64,7 +66,7 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
     dense = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw),
                         _dense_cast_rows(rs, key), hw, gemm_hw)
     if gpu != "cpu":     # eager PyTorch launches every kernel from the host (the CPU target counts it as compute)
-        dense = with_host_floor(dense, *dense_host_s())
+        dense = with_host_floor(dense, *_plus(dense_host_s(), _nodes_host_s(key, DENSE_LAYER_NODES)))
     layer, ep_bytes, ep_s, idle = dense, 0.0, 0.0, 0.0
     if shape.moe is not None:
         mlp = moe_mlp_times(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb, gemm_hw)
@@ -73,10 +75,12 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
         gpu_only = moe_layer
         if gpu != "cpu":
             fp8 = precision == "fp8"
-            moe_layer = with_host_floor(moe_layer, *moe_host_s(shape, key.ep, fp8, fp8_recipe))
-            if shape.moe.capacity_factor is None:
-                moe_layer = with_dispatch_sync(moe_layer, mlp.forward_s,
-                                               after_sync_host_s(shape, key.ep, fp8, fp8_recipe))
+            nodes_f, nodes_b = _nodes_host_s(key, MOE_LAYER_NODES)
+            moe_layer = with_host_floor(moe_layer, *_plus(moe_host_s(shape, key.ep, fp8, fp8_recipe),
+                                                          (nodes_f, nodes_b)))
+            if shape.moe.capacity_factor is None:     # dispatch, mlp and combine nodes come after the sync
+                after = after_sync_host_s(shape, key.ep, fp8, fp8_recipe) + nodes_f * (MOE_LAYER_NODES - 1) / MOE_LAYER_NODES
+                moe_layer = with_dispatch_sync(moe_layer, mlp.forward_s, after)
         share = shape.num_moe_layers / shape.num_layers
         idle = share * host_idle_s(moe_layer, gpu_only)
         layer = _mix(dense, moe_layer, share)
@@ -88,6 +92,15 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
     cp = context_layer_comm(shape, hw, key.tp, key.cp, key.mb, layer.attention_forward_s)
     return RankLayer(time=layer, ep_bytes=ep_bytes, ep_s=ep_s, cp_bytes=cp.bytes, cp_s=cp.seconds,
                      cp_exposed_s=cp.exposed_s, host_idle_s=idle)
+
+
+def _nodes_host_s(key: LayerKey, nodes: int) -> tuple[float, float]:
+    """The EP overlap's schedule-node host time of a layer of ``nodes`` nodes (none without the overlap)."""
+    return combined_1f1b_host_s(nodes) if key.combined_1f1b else (0.0, 0.0)
+
+
+def _plus(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return a[0] + b[0], a[1] + b[1]
 
 
 def _mix(dense: LayerTimeEstimate, moe: LayerTimeEstimate, share: float) -> LayerTimeEstimate:

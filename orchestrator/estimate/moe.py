@@ -109,6 +109,15 @@ CURRENT_SCALING_EXTRA_HOST_OPS = (4, 4)
 # the multi-stream loop), and the pool has 4 streams (transformer_engine/common/util/multi_stream.h,
 # num_compute_streams = 4). TE pull request #3134 (2026-06) still describes the Hopper/FP8 path this way.
 GROUPED_GEMM_STREAMS = 4
+# With the EP all-to-all overlap Megatron-Core runs each layer pass as schedule nodes (core_v0.16.1
+# models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan: attn, moe_dispatch, mlp, moe_combine;
+# a dense layer's dispatch and combine are no-ops), each called through pipeline_parallel/utils.py
+# ScheduleNode._forward / _backward: forward, the event wait and record around it (stream_acquire_context) and
+# the detached, viewless copy of its input (make_viewless(...).detach(), requires_grad): 4 host operations;
+# backward, the wait and record, its own autograd engine call (Variable._execution_engine.run_backward) and the
+# record_stream of its gradient: 5. Counted as the host operations above (HOST_OP_S each).
+COMBINED_1F1B_NODE_HOST_OPS = (4, 5)
+MOE_LAYER_NODES, DENSE_LAYER_NODES = 4, 2
 
 
 @dataclass(frozen=True)
@@ -252,6 +261,12 @@ def expert_host_ops(fp8: bool, recipe: str = FP8_RECIPE) -> tuple[int, int]:
         extra_f, extra_b = CURRENT_SCALING_EXTRA_HOST_OPS
         per_f, per_b = per_f + extra_f, per_b + extra_b
     return per_f, per_b
+
+
+def combined_1f1b_host_s(nodes: int) -> tuple[float, float]:
+    """Host time the EP overlap's schedule nodes add to a layer of ``nodes`` nodes, forward and backward."""
+    per_f, per_b = COMBINED_1F1B_NODE_HOST_OPS
+    return nodes * per_f * HOST_OP_S, nodes * per_b * HOST_OP_S
 
 
 def dense_host_s() -> tuple[float, float]:

@@ -154,11 +154,19 @@ def layer_key(lay: Layout) -> LayerKey:
 def rank_layer_of(ctx: EstimateContext, lay: Layout) -> RankLayer:
     """The mean transformer layer of one rank (MoE, context parallelism and FP8 composed in); a full
     recompute by block recomputes only its share of the layers (:func:`full_recompute_share`)."""
-    layer = rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, layer_key(lay), ctx.fp8_recipe)
+    key = dataclasses.replace(layer_key(lay), combined_1f1b=True) if uses_ep_overlap(ctx, lay) else layer_key(lay)
+    layer = rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, key, ctx.fp8_recipe)
     share = full_recompute_share(ctx.shape, lay)
     if share == 1.0:
         return layer
     return dataclasses.replace(layer, time=dataclasses.replace(layer.time, recompute_s=layer.time.recompute_s * share))
+
+
+def uses_ep_overlap(ctx: EstimateContext, lay: Layout) -> bool:
+    """The run overlaps its expert all-to-all (Megatron's combined 1F1B schedule): the spec allows it and
+    Megatron-Core's conditions hold (estimate/moe.py uses_ep_a2a_overlap)."""
+    return ctx.ep_a2a_overlap and uses_ep_a2a_overlap(ctx.shape.moe is not None, ctx.engine, ctx.gpu, lay.ep,
+                                                      lay.pp, lay.vpp, lay.recompute)
 
 
 def full_recompute_share(shape: ModelShape, lay: Layout) -> float:
@@ -375,12 +383,12 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
     head = slow * head_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
     emb = slow * embedding_time_s(rshape, hw, tp, mb)
-    overlap = ctx.ep_a2a_overlap and uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp,
-                                                         lay.recompute)
-    ep_unpaired = unpaired_share(pp, vpp, m)
-    ep_behind_compute = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap, ep_unpaired)
-    # ... and what runs while a host-bound layer's GPU waits for its launches (moe.py host_idle_s)
-    ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap, ep_unpaired, rl.host_idle_s)
+    overlap = uses_ep_overlap(ctx, lay)
+    # the other micro-batch's GPU work hides the overlapped all-to-all; the GPU's wait for a host-bound layer's
+    # launches (moe.py host_idle_s) hides it too, counted once
+    ep_unpaired, ep_window = unpaired_share(pp, vpp, m), slow * (layer.total_s - rl.host_idle_s)
+    ep_behind_compute = exposed_all_to_all_s(rl.ep_s, ep_window, overlap, ep_unpaired)
+    ep_exposed = exposed_all_to_all_s(rl.ep_s, ep_window, overlap, ep_unpaired, rl.host_idle_s)
     bf16_opt = uses_bf16_optimizer(ctx, lay)
     hp_layer, hp_emb, hp_head = hp_grad_copies_s(ctx, lay, params) if bf16_opt else (0.0, 0.0, 0.0)
     times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s + hp_layer,

@@ -162,3 +162,24 @@ def test_the_merged_chunk_passes_of_the_ep_overlap_expose_the_pipeline_exchanges
     separate = predicted_layout({**case, "ep_a2a_overlap": False})["comm"]
     assert merged["pp_exposed_s"] == pytest.approx(merged["pp_s"], rel=1e-6)
     assert separate["pp_exposed_s"] < 0.05 * separate["pp_s"]
+
+
+def test_the_ep_overlap_adds_its_schedule_nodes_host_operations():
+    """With the EP overlap each MoE layer pass runs as four schedule nodes (attn, dispatch, mlp, combine), each
+    with its event wait and record, detached input and (backward) its own autograd engine call: 4 and 5 host
+    operations per node; a layer of the same shape without the overlap does not pay them."""
+    import dataclasses
+
+    from orchestrator.estimate.layer import LayerKey, rank_layer
+    from orchestrator.estimate.moe import COMBINED_1F1B_NODE_HOST_OPS, MOE_LAYER_NODES, combined_1f1b_host_s
+
+    assert COMBINED_1F1B_NODE_HOST_OPS == (4, 5) and MOE_LAYER_NODES == 4
+    assert combined_1f1b_host_s(4) == pytest.approx((16 * HOST_OP_S, 20 * HOST_OP_S))
+    spec = load_spec(ROOT / "tests" / "data" / "published-specs" / "mbridge2511_qwen3_30b_a3b_fp8.yaml")
+    ctx = EstimateContext.of(spec)
+    key = LayerKey(tp=1, cp=1, ep=8, etp=1, mb=1, sp=False, recompute="none")
+    alone = rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, key, "tensorwise").time
+    merged = rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, dataclasses.replace(key, combined_1f1b=True),
+                        "tensorwise").time
+    assert merged.backward_s == pytest.approx(alone.backward_s + 20 * HOST_OP_S)   # host-bound backward
+    assert merged.forward_s > alone.forward_s
