@@ -15,7 +15,7 @@ from .compute import LayerTimeEstimate, attention_linear_shapes, estimate_layer_
 from .context import context_layer_comm, rank_shape, with_full_attention
 from .hardware import Hardware
 from .moe import (DENSE_LAYER_NODES, MOE_LAYER_NODES, after_sync_host_s, combined_1f1b_host_s, dense_host_s,
-                  expert_layer_comm, expert_work, host_idle_s, moe_host_s, moe_mlp_times, with_dispatch_sync,
+                  expert_cast_kernels, expert_layer_comm, expert_work, host_idle_s, moe_host_s, moe_mlp_times, with_dispatch_sync,
                   with_host_floor)
 from .params import ModelShape
 from .precision import FP8_RECIPE, cast_bytes_per_row, fp8_gemm_hardware
@@ -72,9 +72,12 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
         mlp = moe_mlp_times(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb, gemm_hw)
         moe_layer = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw, mlp),
                                 _moe_cast_rows(shape, rs, key), hw, gemm_hw)
+        fp8 = precision == "fp8"
+        casts = expert_cast_kernels(shape.moe.num_experts // key.ep, fp8, fp8_recipe) * hw.kernel_gap_s
+        moe_layer = dataclasses.replace(moe_layer, forward_s=moe_layer.forward_s + casts,
+                                        backward_s=moe_layer.backward_s + casts)
         gpu_only = moe_layer
         if gpu != "cpu":
-            fp8 = precision == "fp8"
             nodes_f, nodes_b = _nodes_host_s(key, MOE_LAYER_NODES)
             moe_layer = with_host_floor(moe_layer, *_plus(moe_host_s(shape, key.ep, fp8, fp8_recipe),
                                                           (nodes_f, nodes_b)))

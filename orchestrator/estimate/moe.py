@@ -263,6 +263,18 @@ def expert_host_ops(fp8: bool, recipe: str = FP8_RECIPE) -> tuple[int, int]:
     return per_f, per_b
 
 
+def expert_cast_kernels(local_experts: int, fp8: bool, recipe: str = FP8_RECIPE) -> int:
+    """GPU kernels of the experts' FP8 casts in one direction (forward: the fc1 and fc2 inputs; backward: their
+    output gradients), on the main stream before each grouped GEMM: current scaling runs an amax, a scale and a
+    cast kernel per expert (TE 2.9 csrc/quantizer.cpp Float8CurrentScalingQuantizer::quantize_impl, called per
+    expert by split_quantize), delayed scaling one fused kernel over the experts (cast.cpp
+    multi_tensor_quantize_impl); none in BF16. Each costs the GPU its launch and tail (kernel_gap_s)."""
+    if not fp8:
+        return 0
+    per_linear = 3 * local_experts if recipe == "tensorwise" else 1
+    return EXPERT_LINEARS * per_linear
+
+
 def combined_1f1b_host_s(nodes: int) -> tuple[float, float]:
     """Host time the EP overlap's schedule nodes add to a layer of ``nodes`` nodes, forward and backward."""
     per_f, per_b = COMBINED_1F1B_NODE_HOST_OPS

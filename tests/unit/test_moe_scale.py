@@ -183,3 +183,13 @@ def test_the_ep_overlap_adds_its_schedule_nodes_host_operations():
                         "tensorwise").time
     assert merged.backward_s == pytest.approx(alone.backward_s + 20 * HOST_OP_S)   # host-bound backward
     assert merged.forward_s > alone.forward_s
+
+
+def test_fp8_current_scaling_runs_three_cast_kernels_per_expert_and_linear():
+    """Current scaling casts each expert's input (and output gradient) with an amax, a scale and a cast kernel
+    (TE 2.9 quantize_impl); delayed scaling fuses the experts into one kernel per linear; BF16 casts nothing."""
+    from orchestrator.estimate.moe import expert_cast_kernels
+
+    assert expert_cast_kernels(16, True, "tensorwise") == 2 * 3 * 16
+    assert expert_cast_kernels(16, True, "delayed") == 2
+    assert expert_cast_kernels(16, False, "tensorwise") == 0
