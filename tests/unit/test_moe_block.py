@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from orchestrator.estimate.compute import KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, matmul_time_s, optimizer_step_s
-from orchestrator.estimate.layer import LayerKey, rank_layer
+from orchestrator.estimate.layer import LayerKey, moe_gpu_layer, rank_layer
 from orchestrator.estimate.moe import (GROUPED_GEMM_STREAMS, HOST_OP_S, after_sync_host_s, expert_layer_comm,
                                        moe_block_host_s, moe_block_s, moe_host_s, moe_mlp_times, stream_rounds,
                                        with_dispatch_sync)
@@ -95,9 +95,10 @@ def test_dropless_sync_puts_the_experts_launches_before_the_next_attention():
     # capacity factor 1.1 bounds the imbalance at the dropless figure: the same GPU work, no sync
     dropped = dataclasses.replace(ctx.shape, moe=dataclasses.replace(ctx.shape.moe, capacity_factor=1.1))
     capped = rank_layer(dropped, ctx.hw, "h100-sxm", "fp8", key).time
-    mlp = moe_mlp_times(dropped, ctx.hw, 1, 1, 8, 1, 1, fp8_gemm_hardware(ctx.hw, "h100-sxm"))
-    after = after_sync_host_s(ctx.shape, 8, True)
-    assert dropless.forward_s == pytest.approx(max(capped.forward_s, after + capped.forward_s - mlp.forward_s))
+    gpu, mlp = moe_gpu_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key)    # the GPU work, no host floor
+    after, host_f = after_sync_host_s(ctx.shape, 8, True), moe_host_s(ctx.shape, 8, True)[0]
+    assert capped.forward_s == pytest.approx(max(gpu.forward_s, host_f))
+    assert dropless.forward_s == pytest.approx(max(gpu.forward_s, after + gpu.forward_s - mlp.forward_s, host_f))
     assert dropless.forward_s > capped.forward_s and dropless.backward_s == capped.backward_s
 
 
@@ -202,10 +203,8 @@ def test_current_scaling_lengthens_the_dropless_layer_on_nvidias_qwen3_30b_layou
     key = LayerKey(tp=1, cp=1, ep=8, etp=1, mb=1, sp=False, recompute="none")
     delayed = rank_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key).time
     current = rank_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key, "tensorwise").time
-    # capacity factor 1.1: the same GPU work without the sync (as in the test above)
-    capped = dataclasses.replace(ctx.shape, moe=dataclasses.replace(ctx.shape.moe, capacity_factor=1.1))
-    gpu_f = rank_layer(capped, ctx.hw, "h100-sxm", "fp8", key, "tensorwise").time.forward_s
-    mlp_f = moe_mlp_times(capped, ctx.hw, 1, 1, 8, 1, 1, fp8_gemm_hardware(ctx.hw, "h100-sxm")).forward_s
+    gpu, mlp = moe_gpu_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key, "tensorwise")   # no host floor
+    gpu_f, mlp_f = gpu.forward_s, mlp.forward_s
     after = after_sync_host_s(ctx.shape, 8, True, "tensorwise")
     assert after > mlp_f and current.forward_s == pytest.approx(after + gpu_f - mlp_f)
     assert current.forward_s > delayed.forward_s
