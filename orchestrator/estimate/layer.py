@@ -11,11 +11,12 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .compute import LayerTimeEstimate, attention_linear_shapes, estimate_layer_time, mlp_linear_shapes
+from .compute import LayerTimeEstimate, MlpTimes, attention_linear_shapes, estimate_layer_time, mlp_linear_shapes
 from .context import context_layer_comm, rank_shape, with_full_attention
 from .hardware import Hardware
-from .moe import (after_sync_host_s, dense_host_s, expert_layer_comm, expert_work, moe_host_s, moe_mlp_times,
-                  with_dispatch_sync, with_host_floor)
+from .moe import (DENSE_LAYER_NODES, MOE_LAYER_NODES, after_sync_host_s, combined_1f1b_host_s, dense_host_s,
+                  expert_cast_kernels, expert_layer_comm, expert_work, host_idle_s, moe_host_s, moe_mlp_times, with_dispatch_sync,
+                  with_host_floor)
 from .params import ModelShape
 from .precision import FP8_RECIPE, cast_bytes_per_row, fp8_gemm_hardware
 
@@ -33,6 +34,7 @@ class RankLayer:
     cp_bytes: float = 0.0      # context-parallel K/V ring
     cp_s: float = 0.0
     cp_exposed_s: float = 0.0
+    host_idle_s: float = 0.0   # GPU time a host-bound layer waits for its launches (moe.py host_idle_s)
 
     @property
     def total_s(self) -> float:
@@ -51,6 +53,7 @@ class LayerKey:
     mb: int
     sp: bool
     recompute: str
+    combined_1f1b: bool = False   # the EP all-to-all overlap runs the layer as schedule nodes (moe.py)
 
 
 @lru_cache(maxsize=65536)
@@ -63,19 +66,24 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
     dense = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw),
                         _dense_cast_rows(rs, key), hw, gemm_hw)
     if gpu != "cpu":     # eager PyTorch launches every kernel from the host (the CPU target counts it as compute)
-        dense = with_host_floor(dense, *dense_host_s())
-    layer, ep_bytes, ep_s = dense, 0.0, 0.0
+        dense = with_host_floor(dense, *_plus(dense_host_s(), _nodes_host_s(key, DENSE_LAYER_NODES)))
+    layer, ep_bytes, ep_s, idle = dense, 0.0, 0.0, 0.0
     if shape.moe is not None:
-        mlp = moe_mlp_times(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb, gemm_hw)
-        moe_layer = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw, mlp),
-                                _moe_cast_rows(shape, rs, key), hw, gemm_hw)
+        fp8 = precision == "fp8"
+        moe_layer, mlp = moe_gpu_layer(shape, hw, gpu, precision, key, fp8_recipe)
+        gpu_only = moe_layer
         if gpu != "cpu":
-            fp8 = precision == "fp8"
-            moe_layer = with_host_floor(moe_layer, *moe_host_s(shape, key.ep, fp8, fp8_recipe))
-            if shape.moe.capacity_factor is None:
-                moe_layer = with_dispatch_sync(moe_layer, mlp.forward_s,
-                                               after_sync_host_s(shape, key.ep, fp8, fp8_recipe))
+            nodes_f, nodes_b = _nodes_host_s(key, MOE_LAYER_NODES)
+            # The dispatcher's sync bounds the GPU-only layer (its attention after the host's launches); with the
+            # EP overlap the host launches the other micro-batch's expert backward between this attention and the
+            # sync (TransformerLayerSchedulePlan.run: attn_fwd, mlp_bwd, then moe_dispatch), so the GPU has work
+            # and the host nothing to wait for there: the bound does not apply.
+            if shape.moe.capacity_factor is None and not key.combined_1f1b:
+                moe_layer = with_dispatch_sync(moe_layer, mlp.forward_s, after_sync_host_s(shape, key.ep, fp8, fp8_recipe))
+            moe_layer = with_host_floor(moe_layer, *_plus(moe_host_s(shape, key.ep, fp8, fp8_recipe),
+                                                          (nodes_f, nodes_b)))
         share = shape.num_moe_layers / shape.num_layers
+        idle = share * host_idle_s(moe_layer, gpu_only)
         layer = _mix(dense, moe_layer, share)
         comm = expert_layer_comm(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb)
         # The ``moe`` recompute module redoes the forward's dispatch and combine: 3 of the 2 + 2 exchanges.
@@ -84,7 +92,29 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
     layer = with_full_attention(layer, shape, key.cp, hw.kernel_gap_s)
     cp = context_layer_comm(shape, hw, key.tp, key.cp, key.mb, layer.attention_forward_s)
     return RankLayer(time=layer, ep_bytes=ep_bytes, ep_s=ep_s, cp_bytes=cp.bytes, cp_s=cp.seconds,
-                     cp_exposed_s=cp.exposed_s)
+                     cp_exposed_s=cp.exposed_s, host_idle_s=idle)
+
+
+def moe_gpu_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: LayerKey,
+                  fp8_recipe: str = FP8_RECIPE) -> tuple[LayerTimeEstimate, MlpTimes]:
+    """A MoE layer's GPU work (attention, MoE block, FP8 casts and their kernels; no host floor, no all-to-all),
+    and its MoE block."""
+    rs = rank_shape(shape, key.cp)
+    gemm_hw = fp8_gemm_hardware(hw, gpu) if precision == "fp8" else None
+    mlp = moe_mlp_times(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb, gemm_hw)
+    layer = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw, mlp),
+                        _moe_cast_rows(shape, rs, key), hw, gemm_hw)
+    casts = expert_cast_kernels(shape.moe.num_experts // key.ep, precision == "fp8", fp8_recipe) * hw.kernel_gap_s
+    return dataclasses.replace(layer, forward_s=layer.forward_s + casts, backward_s=layer.backward_s + casts), mlp
+
+
+def _nodes_host_s(key: LayerKey, nodes: int) -> tuple[float, float]:
+    """The EP overlap's schedule-node host time of a layer of ``nodes`` nodes (none without the overlap)."""
+    return combined_1f1b_host_s(nodes) if key.combined_1f1b else (0.0, 0.0)
+
+
+def _plus(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    return a[0] + b[0], a[1] + b[1]
 
 
 def _mix(dense: LayerTimeEstimate, moe: LayerTimeEstimate, share: float) -> LayerTimeEstimate:

@@ -65,11 +65,27 @@ HOST_OP_S = 10e-6
 # permute, sort by local expert, dispatch all-to-all, unsort, combine all-to-all, unpermute (our count of
 # Megatron-Core's MoEAlltoAllTokenDispatcher); backward runs as many.
 DISPATCH_HOST_OPS = 12
-# Per local expert: Transformer Engine's GroupedLinear on Hopper runs one GEMM per expert for each of the
-# two expert linears (forward), a data- and a weight-gradient GEMM each (backward); in FP8 each GEMM input
-# (forward) and output gradient (backward) is cast per expert first (TE GroupedLinear; TE issue #761: an FP8
-# linear costs the host over twice a BF16 one).
-EXPERT_HOST_OPS = {False: (2, 4), True: (4, 8)}   # fp8 -> (forward, backward) per local expert
+# Per local expert, per GroupedLinear (the experts' fc1 and fc2 are one each): the host operations Transformer
+# Engine 2.9 (the release Megatron-Bridge 25.11 pins) runs for that expert, counted from its source
+# (transformer_engine/pytorch/module/grouped_linear.py _GroupedLinear.forward / backward; csrc/quantizer.cpp
+# Float8CurrentScalingQuantizer::create_tensor / quantize_impl; csrc/extensions/cast.cpp split_quantize). One
+# operation is one call through the PyTorch dispatcher or the CUDA runtime (a kernel launch, a tensor
+# allocation, a tensor object built for Python, a saved-tensor or usage update), at HOST_OP_S each; plain Python
+# bookkeeping is not counted. Forward, BF16: the expert's GEMM (general_grouped_gemm: one cuBLASLt call per
+# expert), its input view (torch.split), saving it for the backward (prepare_for_saving): 3. Forward, FP8: the
+# GEMM; the quantized input split_quantize builds (three at::empty: data, transpose, scale_inv, and the Python
+# Float8Tensor: 4) and its cast kernel (1; current scaling adds the amax and scale kernels:
+# CURRENT_SCALING_EXTRA_HOST_OPS); the cached FP8 weight (get_weight_workspace); the usage updates of the saved
+# input and weight (update_usage, 2); saving: 10. Backward, BF16: the data- and weight-gradient GEMMs, the
+# gradient's view, the placeholder weight gradient Megatron's fused accumulation returns
+# (handle_custom_ddp_from_mcore: torch.empty), freeing the saved input (clear_tensor_data), restoring the saved
+# tensors: 6. Backward, FP8: the two GEMMs, the quantized gradient (4 and its cast kernel), the weight's usage
+# update, the placeholder, the free, the restore: 11. The gradient hooks of the expert's parameters come on top
+# (EXPERT_GRAD_HOOKS). (Delayed scaling keeps one cast kernel per expert although TE 2.9 fuses it over the
+# experts, multi_tensor_quantize_impl: its per-expert tensors are still built one by one.)
+GROUPED_LINEAR_HOST_OPS = {False: (3, 6), True: (10, 11)}   # fp8 -> (forward, backward), per expert and linear
+EXPERT_LINEARS = 2
+EXPERT_HOST_OPS = {fp8: (EXPERT_LINEARS * f, EXPERT_LINEARS * b) for fp8, (f, b) in GROUPED_LINEAR_HOST_OPS.items()}
 # Each local expert's weights are parameters of their own (TE GroupedLinear weight0 .. weight{E/ep - 1}, fc1 and
 # fc2; with biases bias0 ..), and Megatron-Core's DistributedDataParallel hooks every parameter's gradient
 # accumulator (core_v0.16.1 distributed/distributed_data_parallel.py: grad_acc.register_hook(
@@ -93,6 +109,15 @@ CURRENT_SCALING_EXTRA_HOST_OPS = (4, 4)
 # the multi-stream loop), and the pool has 4 streams (transformer_engine/common/util/multi_stream.h,
 # num_compute_streams = 4). TE pull request #3134 (2026-06) still describes the Hopper/FP8 path this way.
 GROUPED_GEMM_STREAMS = 4
+# With the EP all-to-all overlap Megatron-Core runs each layer pass as schedule nodes (core_v0.16.1
+# models/common/model_chunk_schedule_plan.py TransformerLayerSchedulePlan: attn, moe_dispatch, mlp, moe_combine;
+# a dense layer's dispatch and combine are no-ops), each called through pipeline_parallel/utils.py
+# ScheduleNode._forward / _backward: forward, the event wait and record around it (stream_acquire_context) and
+# the detached, viewless copy of its input (make_viewless(...).detach(), requires_grad): 4 host operations;
+# backward, the wait and record, its own autograd engine call (Variable._execution_engine.run_backward) and the
+# record_stream of its gradient: 5. Counted as the host operations above (HOST_OP_S each).
+COMBINED_1F1B_NODE_HOST_OPS = (4, 5)
+MOE_LAYER_NODES, DENSE_LAYER_NODES = 4, 2
 
 
 @dataclass(frozen=True)
@@ -238,6 +263,24 @@ def expert_host_ops(fp8: bool, recipe: str = FP8_RECIPE) -> tuple[int, int]:
     return per_f, per_b
 
 
+def expert_cast_kernels(local_experts: int, fp8: bool, recipe: str = FP8_RECIPE) -> int:
+    """GPU kernels of the experts' FP8 casts in one direction (forward: the fc1 and fc2 inputs; backward: their
+    output gradients), on the main stream before each grouped GEMM: current scaling runs an amax, a scale and a
+    cast kernel per expert (TE 2.9 csrc/quantizer.cpp Float8CurrentScalingQuantizer::quantize_impl, called per
+    expert by split_quantize), delayed scaling one fused kernel over the experts (cast.cpp
+    multi_tensor_quantize_impl); none in BF16. Each costs the GPU its launch and tail (kernel_gap_s)."""
+    if not fp8:
+        return 0
+    per_linear = 3 * local_experts if recipe == "tensorwise" else 1
+    return EXPERT_LINEARS * per_linear
+
+
+def combined_1f1b_host_s(nodes: int) -> tuple[float, float]:
+    """Host time the EP overlap's schedule nodes add to a layer of ``nodes`` nodes, forward and backward."""
+    per_f, per_b = COMBINED_1F1B_NODE_HOST_OPS
+    return nodes * per_f * HOST_OP_S, nodes * per_b * HOST_OP_S
+
+
 def dense_host_s() -> tuple[float, float]:
     """Host launch time of one dense layer, forward and backward: KERNELS_FWD / KERNELS_BWD host operators.
     Cross-checked against Megatron-Core core_v0.16.1's TE-spec layer (transformer_layer.py, attention.py, mlp.py;
@@ -310,6 +353,13 @@ def with_host_floor(layer: LayerTimeEstimate, host_f: float, host_b: float) -> L
     return dataclasses.replace(layer, forward_s=fwd, backward_s=bwd, recompute_s=recompute)
 
 
+def host_idle_s(floored: LayerTimeEstimate, gpu_only: LayerTimeEstimate) -> float:
+    """GPU time of a host-bound MoE layer spent waiting for its launches: the host floors' excess over the GPU
+    work (forward and backward). The expert all-to-all runs on the GPU (NCCL kernels on its own stream) and is
+    launched before what follows it, so it runs in that wait (:func:`exposed_all_to_all_s`)."""
+    return max(0.0, floored.forward_s + floored.backward_s - gpu_only.forward_s - gpu_only.backward_s)
+
+
 # --- the expert-parallel all-to-all ----------------------------------------------------------------
 
 def uses_ep_a2a_overlap(is_moe: bool, engine: str, gpu: str, ep: int, pp: int, vpp: int, recompute: str) -> bool:
@@ -318,14 +368,20 @@ def uses_ep_a2a_overlap(is_moe: bool, engine: str, gpu: str, ep: int, pp: int, v
             and (pp == 1 or vpp > 1))
 
 
-def exposed_all_to_all_s(ep_s: float, layer_compute_s: float, overlapped: bool, unpaired: float = 0.0) -> float:
+def exposed_all_to_all_s(ep_s: float, layer_compute_s: float, overlapped: bool, unpaired: float = 0.0,
+                         idle_s: float = 0.0) -> float:
     """What the all-to-all of a layer adds to it per micro-batch: all of it, or with the overlap what the other
     micro-batch's compute cannot cover (at least 1 - EP_A2A_OVERLAP of it) for the passes the combined 1F1B
-    schedule pairs, and all of it for the ``unpaired`` share it runs alone (:func:`unpaired_share`)."""
-    if not overlapped:
-        return ep_s
-    paired = max(ep_s - EP_A2A_OVERLAP * layer_compute_s, (1 - EP_A2A_OVERLAP) * ep_s)
-    return unpaired * ep_s + (1 - unpaired) * paired
+    schedule pairs, and all of it for the ``unpaired`` share it runs alone (:func:`unpaired_share`); less, either
+    way, the GPU time the layer waits for its host launches (``idle_s``, :func:`host_idle_s`): after the
+    dispatcher's sync the host launches the dispatch all-to-all first and the experts after it, so the transfer
+    runs while the GPU would otherwise wait for those launches (and the combine while it waits for the next
+    layer's)."""
+    exposed = ep_s
+    if overlapped:
+        paired = max(ep_s - EP_A2A_OVERLAP * layer_compute_s, (1 - EP_A2A_OVERLAP) * ep_s)
+        exposed = unpaired * ep_s + (1 - unpaired) * paired
+    return max(0.0, exposed - idle_s)
 
 
 def unpaired_share(pp: int, vpp: int, num_microbatches: int) -> float:

@@ -154,11 +154,19 @@ def layer_key(lay: Layout) -> LayerKey:
 def rank_layer_of(ctx: EstimateContext, lay: Layout) -> RankLayer:
     """The mean transformer layer of one rank (MoE, context parallelism and FP8 composed in); a full
     recompute by block recomputes only its share of the layers (:func:`full_recompute_share`)."""
-    layer = rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, layer_key(lay), ctx.fp8_recipe)
+    key = dataclasses.replace(layer_key(lay), combined_1f1b=True) if uses_ep_overlap(ctx, lay) else layer_key(lay)
+    layer = rank_layer(ctx.shape, ctx.hw, ctx.gpu, ctx.precision, key, ctx.fp8_recipe)
     share = full_recompute_share(ctx.shape, lay)
     if share == 1.0:
         return layer
     return dataclasses.replace(layer, time=dataclasses.replace(layer.time, recompute_s=layer.time.recompute_s * share))
+
+
+def uses_ep_overlap(ctx: EstimateContext, lay: Layout) -> bool:
+    """The run overlaps its expert all-to-all (Megatron's combined 1F1B schedule): the spec allows it and
+    Megatron-Core's conditions hold (estimate/moe.py uses_ep_a2a_overlap)."""
+    return ctx.ep_a2a_overlap and uses_ep_a2a_overlap(ctx.shape.moe is not None, ctx.engine, ctx.gpu, lay.ep,
+                                                      lay.pp, lay.vpp, lay.recompute)
 
 
 def full_recompute_share(shape: ModelShape, lay: Layout) -> float:
@@ -375,9 +383,12 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
     head = slow * head_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
     emb = slow * embedding_time_s(rshape, hw, tp, mb)
-    overlap = ctx.ep_a2a_overlap and uses_ep_a2a_overlap(shape.moe is not None, ctx.engine, ctx.gpu, lay.ep, pp, vpp,
-                                                         lay.recompute)
-    ep_exposed = exposed_all_to_all_s(rl.ep_s, slow * layer.total_s, overlap, unpaired_share(pp, vpp, m))
+    overlap = uses_ep_overlap(ctx, lay)
+    # the other micro-batch's GPU work hides the overlapped all-to-all; the GPU's wait for a host-bound layer's
+    # launches (moe.py host_idle_s) hides it too, counted once
+    ep_unpaired, ep_window = unpaired_share(pp, vpp, m), slow * (layer.total_s - rl.host_idle_s)
+    ep_behind_compute = exposed_all_to_all_s(rl.ep_s, ep_window, overlap, ep_unpaired)
+    ep_exposed = exposed_all_to_all_s(rl.ep_s, ep_window, overlap, ep_unpaired, rl.host_idle_s)
     bf16_opt = uses_bf16_optimizer(ctx, lay)
     hp_layer, hp_emb, hp_head = hp_grad_copies_s(ctx, lay, params) if bf16_opt else (0.0, 0.0, 0.0)
     times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s + hp_layer,
@@ -386,7 +397,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     chunk_layers = stage_layers / vpp
     pp_bytes, pp_s, x_exposed, emb_sync = _pipeline_comm(
         ctx, lay, params, tokens, tp_pl, m, bf16_opt,
-        (chunk_layers * slow * layer.forward_s, chunk_layers * slow * (layer.backward_s + layer.recompute_s)))
+        (chunk_layers * slow * layer.forward_s, chunk_layers * slow * (layer.backward_s + layer.recompute_s)),
+        combined_1f1b=overlap)
     # the overlapped exchanges of the warmup and flush are waited at once (no overlap_p2p_comm_warmup_flush)
     x_fill = (pp_s - emb_sync) / m if uses_p2p_overlap(ctx, lay) else x_exposed
     host_mb = cost.pipeline_microbatch_host_s if ds_pipeline_host_exposed(ctx.engine, pp) else 0.0
@@ -409,7 +421,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     engine_s = pipe_host_s + (offload_host + step_host_s) + fetch_host_s
     tp_total = m * stage_layers * tp_s
     # the expert all-to-all the EP overlap hides behind the other micro-batch's compute takes SMs as well
-    ep_hidden = m * stage_layers * (rl.ep_s - ep_exposed)
+    ep_hidden = m * stage_layers * (rl.ep_s - ep_behind_compute)
     pp_fill_s = (pp - 1) / vpp * (x_fill - x_exposed) if pp > 1 else 0.0   # overlapped exchanges waited in fill/drain
     pp_hidden = max(0.0, pp_s - emb_sync - m * x_exposed - pp_fill_s)     # ... and those hidden (uses_p2p_overlap)
     # NCCL's hidden collectives slow the GEMMs they share the SMs with (estimate/overlap.py); TE's TP overlap
@@ -445,13 +457,14 @@ def _gemm_share(layer) -> float:
 
 
 def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, tokens: int, tp_pl: Placement,
-                   m: int, bf16_opt: bool, chunk_windows_s: tuple[float, float] = (0.0, 0.0)
-                   ) -> tuple[float, float, float, float]:
+                   m: int, bf16_opt: bool, chunk_windows_s: tuple[float, float] = (0.0, 0.0),
+                   combined_1f1b: bool = False) -> tuple[float, float, float, float]:
     """(bytes, time, exposed time per micro-batch, tied-embedding sync time) of a step's pipeline traffic:
     the stage boundary transfers and, with tied embeddings, the embedding gradient's all-reduce between the
     first and last stage; all 0 without pipeline parallelism. ``chunk_windows_s``: (forward, backward) compute
     of one model chunk for one micro-batch, what Megatron's overlapped exchanges hide behind
-    (:func:`overlapped_p2p_exposed_s`)."""
+    (:func:`overlapped_p2p_exposed_s`); ``combined_1f1b``: the EP overlap merges each forward chunk with a
+    backward one (:func:`combined_1f1b_p2p_exposed_s`)."""
     shape, hw, tp = ctx.shape, ctx.hw, lay.tp
     if lay.pp <= 1:
         return 0.0, 0.0, 0.0, 0.0
@@ -461,7 +474,8 @@ def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, to
     x = p2p_transfers_per_microbatch(ctx.engine, lay.vpp) * one_s
     exposed = (1 - ctx.cost.pp_overlap) * x
     if uses_p2p_overlap(ctx, lay):
-        exposed = overlapped_p2p_exposed_s(one_s, lay.vpp, *chunk_windows_s)
+        exposed = combined_1f1b_p2p_exposed_s(x) if combined_1f1b else \
+            overlapped_p2p_exposed_s(one_s, lay.vpp, *chunk_windows_s)
     if ds_pipe_partitioned(ctx.engine, tp) and not lay.sequence_parallel:
         x = ds_partitioned_transfers_s(ds_pipe_hand_overs(ctx.engine_version), one_bytes, tp_pl, inter, hw)
         exposed = (1 - ctx.cost.pp_overlap) * x
@@ -491,6 +505,22 @@ def overlapped_p2p_exposed_s(one_s: float, vpp: int, chunk_forward_s: float, chu
     after the backward is waited before the next backward, behind one chunk's forward. Each of the v chunks of
     a micro-batch: what a transfer takes beyond its window."""
     return vpp * (max(0.0, one_s - chunk_backward_s) + max(0.0, one_s - chunk_forward_s))
+
+
+def combined_1f1b_p2p_exposed_s(transfers_s: float) -> float:
+    """Exposed p2p time per micro-batch of the interleaved schedule with the EP all-to-all overlap: all of the
+    steady state's exchanges (``transfers_s``, the 2v hand-overs). With --overlap-moe-expert-parallel-comm
+    Megatron-Core runs each steady-state step as one merged forward + backward chunk pass (core_v0.16.1
+    pipeline_parallel/combined_1f1b.py combined_1f1b_schedule_for_interleaved_pipelining, models/common/
+    model_chunk_schedule_plan.py TransformerModelChunkSchedulePlan.run): its layers interleave the forward of
+    one micro-batch with the backward of another, and only after the last of them are the forward's output
+    (post_forward, on the comm stream) and the backward's input gradient (post_backward) sent, with one
+    layer's delayed attention weight gradient behind them; the next merged step starts by waiting for both
+    receives (pre_forward, pre_backward). The neighbour's output is therefore ready only when its whole step
+    ends, where the separate passes of overlap_p2p_comm leave it a backward (or forward) chunk to travel in
+    (:func:`overlapped_p2p_exposed_s`): each step waits for its two incoming hand-overs, which share the
+    rank's link. The one attention weight gradient they may overlap is left out."""
+    return transfers_s
 
 
 def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_window_s: float,

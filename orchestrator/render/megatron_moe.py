@@ -34,8 +34,9 @@ def moe_args(plan: Plan) -> list[str]:
         args.append("--moe-grouped-gemm")
     if moe.router_topk == 1:
         args.append("--moe-router-pre-softmax")
-    if moe.capacity_factor is not None:
-        args += ["--moe-expert-capacity-factor", str(moe.capacity_factor), "--moe-token-drop-policy", DROP_POLICY]
+    if moe.capacity_factor is not None:     # padded to capacity, as the cost model counts it (estimate/moe.py)
+        args += ["--moe-expert-capacity-factor", str(moe.capacity_factor), "--moe-token-drop-policy", DROP_POLICY,
+                 "--moe-pad-expert-input-to-capacity"]
     if moe.shared_expert_ffn_hidden_size:
         args += ["--moe-shared-expert-intermediate-size", str(moe.shared_expert_ffn_hidden_size)]
     if moe.first_dense_layers:
@@ -82,7 +83,8 @@ def moe_config(plan: Plan) -> dict:
               "moe_router_load_balancing_type": LOAD_BALANCING, "moe_aux_loss_coeff": moe.aux_loss_coeff,
               "moe_router_pre_softmax": moe.router_topk == 1, "overlap_moe_expert_parallel_comm": ep_overlap(plan)}
     if moe.capacity_factor is not None:
-        config |= {"moe_expert_capacity_factor": moe.capacity_factor, "moe_token_drop_policy": DROP_POLICY}
+        config |= {"moe_expert_capacity_factor": moe.capacity_factor, "moe_token_drop_policy": DROP_POLICY,
+                   "moe_pad_expert_input_to_capacity": True}
     if moe.shared_expert_ffn_hidden_size:
         config["moe_shared_expert_intermediate_size"] = moe.shared_expert_ffn_hidden_size
     if moe.first_dense_layers:

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from orchestrator.estimate.compute import KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, matmul_time_s, optimizer_step_s
-from orchestrator.estimate.layer import LayerKey, rank_layer
+from orchestrator.estimate.layer import LayerKey, moe_gpu_layer, rank_layer
 from orchestrator.estimate.moe import (GROUPED_GEMM_STREAMS, HOST_OP_S, after_sync_host_s, expert_layer_comm,
                                        moe_block_host_s, moe_block_s, moe_host_s, moe_mlp_times, stream_rounds,
                                        with_dispatch_sync)
@@ -95,16 +95,19 @@ def test_dropless_sync_puts_the_experts_launches_before_the_next_attention():
     # capacity factor 1.1 bounds the imbalance at the dropless figure: the same GPU work, no sync
     dropped = dataclasses.replace(ctx.shape, moe=dataclasses.replace(ctx.shape.moe, capacity_factor=1.1))
     capped = rank_layer(dropped, ctx.hw, "h100-sxm", "fp8", key).time
-    mlp = moe_mlp_times(dropped, ctx.hw, 1, 1, 8, 1, 1, fp8_gemm_hardware(ctx.hw, "h100-sxm"))
-    after = after_sync_host_s(ctx.shape, 8, True)
-    assert dropless.forward_s == pytest.approx(max(capped.forward_s, after + capped.forward_s - mlp.forward_s))
+    gpu, mlp = moe_gpu_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key)    # the GPU work, no host floor
+    after, host_f = after_sync_host_s(ctx.shape, 8, True), moe_host_s(ctx.shape, 8, True)[0]
+    assert capped.forward_s == pytest.approx(max(gpu.forward_s, host_f))
+    assert dropless.forward_s == pytest.approx(max(gpu.forward_s, after + gpu.forward_s - mlp.forward_s, host_f))
     assert dropless.forward_s > capped.forward_s and dropless.backward_s == capped.backward_s
 
 
 def test_hidden_expert_all_to_all_takes_sms_like_other_hidden_collectives():
     """Budget identity: the compute slowdown of a step is channels/SMs of the TP and expert collectives it
     hides, the expert all-to-all that the EP overlap hides included (Qwen3-235B-A22B as NVIDIA ran it), plus
-    what the hidden NCCL data-parallel and pipeline collectives cost the GEMMs (estimate/overlap.py)."""
+    what the hidden NCCL data-parallel and pipeline collectives cost the GEMMs (estimate/overlap.py). The part
+    of the all-to-all that runs while a host-bound layer's GPU waits for its launches takes no SMs from compute
+    (moe.py host_idle_s): the slowdown is at most the identity's, and more than the TP collectives' alone."""
     case = next(c for c in load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")
                 if c["id"] == "mbridge2602_qwen3_235b_a22b_fp8")
     chosen = build_plan(layout_case_spec(case), top_k=1).chosen
@@ -113,9 +116,10 @@ def test_hidden_expert_all_to_all_takes_sms_like_other_hidden_collectives():
         hidden += comm[f"{kind}_s"] - comm[f"{kind}_exposed_s"]
     ep_hidden = comm["ep_s"] - comm["ep_exposed_s"]
     assert ep_hidden > 0.1 * chosen["step_time_s"]
-    linear = CostModel().comm_channels / 132 * (hidden - (comm["dp_s"] - comm["dp_exposed_s"]))
+    share = CostModel().comm_channels / 132
+    linear = share * (hidden - (comm["dp_s"] - comm["dp_exposed_s"]))
     nccl = comm["dp_s"] - comm["dp_exposed_s"] + comm["pp_s"] - comm["pp_exposed_s"]
-    assert linear < chosen["breakdown"]["contention_s"] <= linear + nccl
+    assert linear - share * ep_hidden < chosen["breakdown"]["contention_s"] <= linear + nccl
 
 
 def test_adam_steps_the_experts_shard_of_the_expert_data_parallel_group():
@@ -140,14 +144,15 @@ def test_adam_steps_the_experts_shard_of_the_expert_data_parallel_group():
 
 def test_a_published_run_without_the_ep_overlap_exposes_its_whole_all_to_all():
     """NVIDIA's 26.04 Qwen3-30B-A3B H100 recipe ran without --overlap-moe-expert-parallel-comm; orch emits it
-    (pp 1), so only the case's ep_a2a_overlap: false makes the model expose the whole dispatch and combine."""
+    (pp 1), so only the case's ep_a2a_overlap: false makes the model expose the whole dispatch and combine, less
+    the part that runs while the host-bound layer's GPU waits for its launches (moe.py host_idle_s)."""
     case = next(c for c in load_layout_cases(ROOT / "tests" / "data" / "published-moe-cp-fp8.json")
                 if c["id"] == "mbridge2604_qwen3_30b_a3b_fp8")
     assert case["ep_a2a_overlap"] is False
     as_run = predicted_layout(case)
     as_orch = predicted_layout({**case, "ep_a2a_overlap": True})
-    assert as_run["comm"]["ep_exposed_s"] == pytest.approx(as_run["comm"]["ep_s"])
-    assert as_orch["comm"]["ep_exposed_s"] < 0.8 * as_orch["comm"]["ep_s"]
+    assert 0.5 * as_run["comm"]["ep_s"] < as_run["comm"]["ep_exposed_s"] < as_run["comm"]["ep_s"]
+    assert as_orch["comm"]["ep_exposed_s"] < 0.8 * as_run["comm"]["ep_exposed_s"]
     assert as_run["step_time_s"] > as_orch["step_time_s"]
 
 
@@ -200,10 +205,8 @@ def test_current_scaling_lengthens_the_dropless_layer_on_nvidias_qwen3_30b_layou
     key = LayerKey(tp=1, cp=1, ep=8, etp=1, mb=1, sp=False, recompute="none")
     delayed = rank_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key).time
     current = rank_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key, "tensorwise").time
-    # capacity factor 1.1: the same GPU work without the sync (as in the test above)
-    capped = dataclasses.replace(ctx.shape, moe=dataclasses.replace(ctx.shape.moe, capacity_factor=1.1))
-    gpu_f = rank_layer(capped, ctx.hw, "h100-sxm", "fp8", key, "tensorwise").time.forward_s
-    mlp_f = moe_mlp_times(capped, ctx.hw, 1, 1, 8, 1, 1, fp8_gemm_hardware(ctx.hw, "h100-sxm")).forward_s
+    gpu, mlp = moe_gpu_layer(ctx.shape, ctx.hw, "h100-sxm", "fp8", key, "tensorwise")   # no host floor
+    gpu_f, mlp_f = gpu.forward_s, mlp.forward_s
     after = after_sync_host_s(ctx.shape, 8, True, "tensorwise")
     assert after > mlp_f and current.forward_s == pytest.approx(after + gpu_f - mlp_f)
     assert current.forward_s > delayed.forward_s

@@ -258,7 +258,10 @@ def test_moe_context_fp8_flags_and_config():
     v = values(render_megatron_args(small))
     assert v["--moe-layer-freq"] == ["([0]*2+[1]*22)"] and "--moe-router-pre-softmax" in v
     assert v["--moe-expert-capacity-factor"] == ["1.25"] and v["--moe-shared-expert-intermediate-size"] == ["4096"]
+    # padded to capacity: the layer then needs no host sync on its token counts, as the cost model counts it
+    assert "--moe-pad-expert-input-to-capacity" in v
     assert render_megatron_config(small)["moe_layer_freq"] == [0, 0] + [1] * 22
+    assert render_megatron_config(small)["moe_pad_expert_input_to_capacity"] is True
     cp = plan_for("llama-128k-tp4-cp4-fp8")
     v = values(render_megatron_args(cp))
     assert v["--context-parallel-size"] == ["4"] and v["--cp-comm-type"] == ["p2p"]
