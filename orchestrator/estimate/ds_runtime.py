@@ -94,11 +94,14 @@ def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) 
 
 def offload_host_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
     """DeepSpeed's optimizer-offload host time per step: one pass over the rank's parameter tensors (the
-    stage's layers, plus the embeddings and the final norm)."""
+    stage's layers, plus the embeddings and the final norm; on CPU, orch's trainer's: :func:`trainer_modules`)."""
     if ctx.engine != "deepspeed" or lay.offload == "none":
         return 0.0
     shape = ctx.shape
     tensors = layers * param_tensors_per_layer(shape.bias, shape.rmsnorm) + 2 + (1 if shape.rmsnorm else 2)
+    trainer = trainer_modules(ctx)
+    if trainer is not None:
+        tensors = layers * trainer.tensors_per_layer + trainer.tensors_outside
     return tensors * ctx.cost.offload_tensor_host_s
 
 

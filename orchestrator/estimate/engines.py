@@ -90,6 +90,8 @@ class TrainerModules:
     hooked_outside: int         # the GPT root, FinalNorm and its norm (and a rope run's parameterless pos)
     resident_per_layer: int     # tensors of a block under the persistence threshold (biases, norms)
     resident_outside: int       # the final norm's
+    tensors_per_layer: int      # parameter tensors of a block (what the offload path walks one by one)
+    tensors_outside: int        # the embeddings', the output layer's and the final norm's
 
 
 def reference_trainer_modules(h: int, bias_widths: tuple[int, ...], rmsnorm: bool, learned_positions: bool,
@@ -105,7 +107,8 @@ def reference_trainer_modules(h: int, bias_widths: tuple[int, ...], rmsnorm: boo
         gathered_outside=1 + (1 if learned_positions else 0) + (0 if tie_embeddings else 1),
         hooked_outside=3 + (0 if learned_positions else 1),
         resident_per_layer=sum(1 for w in bias_widths if w <= threshold) + 2 * norm_tensors,
-        resident_outside=norm_tensors)
+        resident_outside=norm_tensors, tensors_per_layer=5 + len(bias_widths) + 2 * norm_tensors,
+        tensors_outside=1 + (1 if learned_positions else 0) + (0 if tie_embeddings else 1) + norm_tensors)
 
 
 def grad_reduce_bytes(engine: str, precision: str, dtype_bytes: int) -> int:

@@ -271,3 +271,17 @@ def test_legacy_zero3_synchronous_fetches_are_exposed_whatever_the_compute():
     assert gpt3[1] < 0.2 * gpt3[2]             # the ring hides: the first gather, the last reduction, the zeroing
     assert big[1] > 0.7 * big[2]             # synchronous fetches: more than a forward pass of ring time
     assert big[0] > big[1] and gpt3[0] > gpt3[1]             # the per-rank list loop and copies come on top
+
+
+def test_gloo_reduce_scatter_is_an_all_reduce_of_a_clone():
+    """PyTorch's gloo backend reduce-scatters by all-reducing a clone (ProcessGroupGloo.cpp
+    reduce_scatter_tensor_coalesced): on CPU a reduce-scatter costs the all-reduce plus the copies, measured
+    here 2.8 ms against 1.6 ms for 3.5 MB; on GPUs NCCL's ring reduce-scatter moves half an all-reduce's bytes."""
+    spec = parse_spec({"name": "c", "model": {"preset": "tiny-gpt"},
+                       "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 2},
+                       "training": {"global_batch_size": 8, "precision": "fp32"}})
+    cpu, pl = hardware_for(spec, CostModel()), Placement(2, 2, 1)
+    copies = 2 * 3.5e6 * 1.5 / cpu.hbm_Bps
+    assert reduce_scatter_s(3.5e6, pl, cpu) == pytest.approx(all_reduce_s(3.5e6, pl, cpu) + copies)
+    gpu = hw()
+    assert reduce_scatter_s(1e9, Placement(8, 8, 1), gpu) < 0.6 * all_reduce_s(1e9, Placement(8, 8, 1), gpu)

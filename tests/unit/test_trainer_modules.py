@@ -43,6 +43,7 @@ def test_trainer_modules_are_the_reference_trainers(model):
     assert len(gathered) == layers * expected.gathered_per_layer + expected.gathered_outside
     assert len(called) - len(gathered) == layers * expected.hooked_per_layer + expected.hooked_outside
     assert len(resident) == layers * expected.resident_per_layer + expected.resident_outside
+    assert len(list(gpt.parameters())) == layers * expected.tensors_per_layer + expected.tensors_outside
 
 
 def test_trainer_modules_only_where_orchs_trainer_runs():
