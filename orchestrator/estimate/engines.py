@@ -82,7 +82,8 @@ class TrainerModules:
     GPT, the DeepSpeed model code that runs on the CPU target): ZeRO-3 registers its forward and backward
     hooks on every submodule (runtime/zero/parameter_offload.py ``_register_deepspeed_module`` walks
     ``module.children()`` recursively), so each called module costs a hook pass, the containers too, and
-    only those holding a tensor over ``stage3_param_persistence_threshold`` gather (:func:`reference_trainer_modules`)."""
+    only those holding a tensor over ``stage3_param_persistence_threshold`` gather
+    (:func:`reference_trainer_modules`)."""
 
     gathered_per_layer: int     # modules of a block whose weight is partitioned: q, kv, out, fc1, fc2
     hooked_per_layer: int       # called modules of a block that gather nothing: Block, norm1, attn, norm2, mlp
