@@ -72,8 +72,20 @@ def nccl_collective(kind: str, nbytes: float, pl: Placement, hw: Hardware) -> Co
     on an ``nbytes`` buffer (the full buffer: an all-gather's output), and its time."""
     if pl.size <= 1:
         return CollectiveTime("none", "none", 0.0)
+    if hw.link == "loopback" and kind == "reduce_scatter":
+        return _gloo_reduce_scatter(float(nbytes), pl, hw)
     return _nccl_collective(kind, float(nbytes), pl.size, pl.per_node, pl.num_nodes, bus_bandwidth_Bps(pl, hw),
                             hw.link, hw.latency_s)
+
+
+def _gloo_reduce_scatter(nbytes: float, pl: Placement, hw: Hardware) -> CollectiveTime:
+    """PyTorch's gloo backend has no reduce-scatter of its own: ProcessGroupGloo::reduce_scatter_tensor_coalesced
+    (behind _reduce_scatter_base, torch/csrc/distributed/c10d/ProcessGroupGloo.cpp) clones each input,
+    all-reduces the clone and copies the rank's chunk out. So an all-reduce of the whole buffer, plus the
+    clone (read and write) and the chunk copy, memory-bound (docs/cost-model.md, "Gloo reduce-scatter")."""
+    ar = _nccl_collective("all_reduce", nbytes, pl.size, pl.per_node, pl.num_nodes, bus_bandwidth_Bps(pl, hw),
+                          hw.link, hw.latency_s)
+    return CollectiveTime(ar.algorithm, ar.protocol, ar.seconds + 2 * nbytes * (1 + 1 / pl.size) / hw.hbm_Bps)
 
 
 @lru_cache(maxsize=65536)

@@ -112,8 +112,10 @@ class CostModel:
     # 2.13 in the same minute (2026-12-02, load ~5).
     ds_persistent_copy_host_s: float = 4.3e-6
     # Host time of one ZeRO-3 hook pass over a module whose parameters stay resident (under
-    # stage3_param_persistence_threshold: the norms): the hook gathers nothing, so on a GPU it runs ahead of
-    # the kernel queue and hides; where the host is the device (the CPU target) it is in series with the math.
+    # stage3_param_persistence_threshold: the norms), or that holds none of its own (a container: on CPU
+    # every called module of orch's trainer is hooked, ds_runtime.trainer_modules): the hook gathers nothing,
+    # so on a GPU it runs ahead of the kernel queue and hides; where the host is the device (the CPU target)
+    # it is in series with the math.
     # benchmarks/ds_host_overhead.py z3p vs z0 (minimum of 30 steps, 2026-12-01 02:35 UTC, load ~1.3):
     # z3p K=2 4.11, K=32 25.68; z0 K=2 1.63, K=32 4.34 ms -> (21.34 - 2.48) / 60 = 0.31 ms.
     zero3_resident_hook_host_s: float = 0.31e-3

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .comm import Placement, all_gather_s, grad_sync_size, group_placement, p2p_s
 from .engines import (DS_BF16_HP_GRAD_EXTRA_BYTES, PipeHandOvers, ds_backward_regather_share, ds_bf16_optimizer,
                       ds_pipe_meta_bytes, ds_zero12_copy_bytes, ds_zero3_runtime, gathers_per_layer,
-                      grad_reduce_bytes, param_tensors_per_layer)
+                      grad_reduce_bytes, param_tensors_per_layer, reference_trainer_modules, TrainerModules)
 from .params import ds_layer_modules
 
 if TYPE_CHECKING:
@@ -34,15 +34,35 @@ def ds_backward_gather_passes(ctx: EstimateContext, lay: Layout, layers: int) ->
 def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -> float:
     """DeepSpeed ZeRO-3's host time per step: one hook-driven fetch per module (estimate/engines.py) in
     every forward, recomputed forward and backward of every micro-batch; where the host is the device (CPU),
-    also the hooks of the resident norm modules (CostModel.zero3_resident_hook_host_s)."""
+    also the hooks of the modules that gather nothing (CostModel.zero3_resident_hook_host_s): there, every
+    called module of orch's trainer (:func:`trainer_modules`)."""
     if ctx.engine != "deepspeed" or lay.zero_stage != 3 or lay.dp <= 1:
         return 0.0
     passes = 3 if lay.recompute == "full" else 2
+    trainer = trainer_modules(ctx)
+    if trainer is not None:       # every called module of orch's trainer, in series with the math
+        gathered = layers * trainer.gathered_per_layer + trainer.gathered_outside
+        hooked = layers * trainer.hooked_per_layer + trainer.hooked_outside
+        return m * passes * (gathered * ctx.cost.zero3_fetch_host_s + hooked * ctx.cost.zero3_resident_hook_host_s)
     fetches = m * passes * (layers * gathers_per_layer("deepspeed") + 1) * ctx.cost.zero3_fetch_host_s
     if ctx.hw.link != "loopback":
         return fetches
     norms = 2 * layers + 1                                            # + the final norm; resident, hooks run
     return fetches + m * passes * norms * ctx.cost.zero3_resident_hook_host_s
+
+
+def trainer_modules(ctx: EstimateContext) -> TrainerModules | None:
+    """The module tree ZeRO-3's hooks walk where it is orch's reference trainer's: on the CPU target (the host
+    is the device; Megatron-DeepSpeed needs CUDA, orch's trainer is the DeepSpeed code that runs there), a
+    dense model. None elsewhere: GPU DeepSpeed runs are costed with Megatron-DeepSpeed's layer (fused QKV,
+    engines.DS_GATHERS_PER_LAYER), whose resident hooks hide behind the kernel queue."""
+    shape = ctx.shape
+    if ctx.hw.link != "loopback" or shape.moe is not None:
+        return None
+    biases = (shape.q_size, 2 * shape.kv_size, shape.hidden_size, shape.mlp_in_width, shape.hidden_size) \
+        if shape.bias else ()
+    return reference_trainer_modules(shape.hidden_size, biases, shape.rmsnorm, shape.learned_positions,
+                                     shape.tie_embeddings)
 
 
 def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
@@ -62,6 +82,9 @@ def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) 
     shape, cost, n = ctx.shape, ctx.cost, grad_sync_size(lay)
     resident = layers * (param_tensors_per_layer(shape.bias, shape.rmsnorm) - gathers_per_layer("deepspeed")) \
         + (1 if shape.rmsnorm else 2)
+    trainer = trainer_modules(ctx)
+    if trainer is not None:
+        resident = layers * trainer.resident_per_layer + trainer.resident_outside
     if not rt.list_gathers:
         pl = group_placement(n, lay.tp, ctx.hw.gpus_per_node)
         return resident * all_gather_s(shape.hidden_size // lay.tp * ctx.hw.dtype_bytes, pl, ctx.hw)
@@ -71,11 +94,14 @@ def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) 
 
 def offload_host_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
     """DeepSpeed's optimizer-offload host time per step: one pass over the rank's parameter tensors (the
-    stage's layers, plus the embeddings and the final norm)."""
+    stage's layers, plus the embeddings and the final norm; on CPU, orch's trainer's: :func:`trainer_modules`)."""
     if ctx.engine != "deepspeed" or lay.offload == "none":
         return 0.0
     shape = ctx.shape
     tensors = layers * param_tensors_per_layer(shape.bias, shape.rmsnorm) + 2 + (1 if shape.rmsnorm else 2)
+    trainer = trainer_modules(ctx)
+    if trainer is not None:
+        tensors = layers * trainer.tensors_per_layer + trainer.tensors_outside
     return tensors * ctx.cost.offload_tensor_host_s
 
 

@@ -84,6 +84,42 @@ def param_tensors_per_layer(bias: bool, rmsnorm: bool) -> int:
     return DS_GATHERS_PER_LAYER * (2 if bias else 1) + 2 * (1 if rmsnorm else 2)
 
 
+@dataclass(frozen=True)
+class TrainerModules:
+    """What DeepSpeed ZeRO-3's module hooks meet in orch's reference trainer (orchestrator/train/model.py
+    GPT, the DeepSpeed model code that runs on the CPU target): ZeRO-3 registers its forward and backward
+    hooks on every submodule (runtime/zero/parameter_offload.py ``_register_deepspeed_module`` walks
+    ``module.children()`` recursively), so each called module costs a hook pass, the containers too, and
+    only those holding a tensor over ``stage3_param_persistence_threshold`` gather
+    (:func:`reference_trainer_modules`)."""
+
+    gathered_per_layer: int     # modules of a block whose weight is partitioned: q, kv, out, fc1, fc2
+    hooked_per_layer: int       # called modules of a block that gather nothing: Block, norm1, attn, norm2, mlp
+    gathered_outside: int       # the word embedding, the learned positions, the untied output layer
+    hooked_outside: int         # the GPT root, FinalNorm and its norm (and a rope run's parameterless pos)
+    resident_per_layer: int     # tensors of a block under the persistence threshold (biases, norms)
+    resident_outside: int       # the final norm's
+    tensors_per_layer: int      # parameter tensors of a block (what the offload path walks one by one)
+    tensors_outside: int        # the embeddings', the output layer's and the final norm's
+
+
+def reference_trainer_modules(h: int, bias_widths: tuple[int, ...], rmsnorm: bool, learned_positions: bool,
+                              tie_embeddings: bool) -> TrainerModules:
+    """The :class:`TrainerModules` of a dense reference-trainer GPT: each block is Block(norm1, Attention(q,
+    kv, out), norm2, MLP(fc1, fc2)); ``bias_widths`` are the five Linear biases' widths (empty without
+    biases), resident where under ZeRO-3's persistence threshold (ds_param_persistence_threshold, which
+    render/deepspeed.py writes), like each norm tensor (weight, and bias unless RMSNorm)."""
+    threshold = ds_param_persistence_threshold(h)
+    norm_tensors = 1 if rmsnorm else 2
+    return TrainerModules(
+        gathered_per_layer=5, hooked_per_layer=5,
+        gathered_outside=1 + (1 if learned_positions else 0) + (0 if tie_embeddings else 1),
+        hooked_outside=3 + (0 if learned_positions else 1),
+        resident_per_layer=sum(1 for w in bias_widths if w <= threshold) + 2 * norm_tensors,
+        resident_outside=norm_tensors, tensors_per_layer=5 + len(bias_widths) + 2 * norm_tensors,
+        tensors_outside=1 + (1 if learned_positions else 0) + (0 if tie_embeddings else 1) + norm_tensors)
+
+
 def grad_reduce_bytes(engine: str, precision: str, dtype_bytes: int) -> int:
     """Bytes per gradient element on the wire: Megatron reduces bf16 gradients in fp32."""
     return 4 if engine == "megatron" and precision == "bf16" else dtype_bytes

@@ -293,3 +293,17 @@ def test_legacy_live_gate_opens_as_its_counter_loses_the_resident_parameters():
     assert schedule(live) != ungated
     assert schedule(live + 24 * resident) != ungated
     assert schedule(live + 25 * resident) == ungated
+
+
+def test_gloo_reduce_scatter_is_an_all_reduce_of_a_clone():
+    """PyTorch's gloo backend reduce-scatters by all-reducing a clone (ProcessGroupGloo.cpp
+    reduce_scatter_tensor_coalesced): on CPU a reduce-scatter costs the all-reduce plus the copies, measured
+    here 2.8 ms against 1.6 ms for 3.5 MB; on GPUs NCCL's ring reduce-scatter moves half an all-reduce's bytes."""
+    spec = parse_spec({"name": "c", "model": {"preset": "tiny-gpt"},
+                       "cluster": {"gpu": "cpu", "num_nodes": 1, "gpus_per_node": 2},
+                       "training": {"global_batch_size": 8, "precision": "fp32"}})
+    cpu, pl = hardware_for(spec, CostModel()), Placement(2, 2, 1)
+    copies = 2 * 3.5e6 * 1.5 / cpu.hbm_Bps
+    assert reduce_scatter_s(3.5e6, pl, cpu) == pytest.approx(all_reduce_s(3.5e6, pl, cpu) + copies)
+    gpu = hw()
+    assert reduce_scatter_s(1e9, Placement(8, 8, 1), gpu) < 0.6 * all_reduce_s(1e9, Placement(8, 8, 1), gpu)
