@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 from . import PROGRAM_FILE, load_program as read_program, substitute_run_dir
+from ..train.ops import use_interpreter_tools
 
 EXIT_USAGE = 2
 
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         print(e.code, file=sys.stderr)
         return EXIT_USAGE
     telemetry = install_telemetry(run_dir, program, run, start.step)
+    use_interpreter_tools()     # a DeepSpeed program builds its CPU op with the same ninja on every launcher
     script = program["argv"][0]
     if program.get("cwd"):
         os.chdir(program["cwd"])

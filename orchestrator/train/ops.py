@@ -4,9 +4,11 @@ On CPU, ``deepspeed.init_distributed`` compiles this op with g++ the first time 
 (~30-60 s on 2 cores, measured), then loads it from torch's extension cache (``TORCH_EXTENSIONS_DIR``,
 default ``~/.cache/torch_extensions``). The trainer says so before it happens, so that a first launch is not
 a silent wait; ``python -m orchestrator.train.ops`` (``make ops``) builds it ahead into the same cache.
+Every rank builds with this interpreter's tools (:func:`use_interpreter_tools`), whichever launcher started it.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,6 +25,20 @@ def op_build_dir() -> Path:
 
 def op_is_built() -> bool:
     return any(op_build_dir().glob(f"{OP_NAME}*.so"))
+
+
+def use_interpreter_tools() -> None:
+    """Put this interpreter's bin directory first on PATH, as an activated virtual environment does.
+
+    torch builds the op with the first ``ninja`` on PATH, in one cache directory per op, and ninja rebuilds
+    every object whose recorded command hash its own version does not recognise. A rank started over
+    ssh (pdsh) gets the remote shell's PATH, which finds the system's ninja (/usr/bin, 1.11 here), while
+    local and SLURM ranks find the environment's pip-installed one (1.13): each saw the other's build as
+    stale, so every switch of launcher recompiled the op (~30-60 s of g++, measured in the test suite).
+    """
+    bin_dir = str(Path(sys.executable).parent)
+    rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
+    os.environ["PATH"] = os.pathsep.join([bin_dir, *rest])
 
 
 def build_note() -> str | None:

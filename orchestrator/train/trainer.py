@@ -109,13 +109,13 @@ def _run_deepspeed(run_dir, options: TrainOptions) -> int:
     from .convert import resume_source  # noqa: PLC0415
     from .data import build_dataset  # noqa: PLC0415
     from .engine import build_engine  # noqa: PLC0415
+    from .ops import build_note, use_interpreter_tools  # noqa: PLC0415
     from .universal import LoadFailed  # noqa: PLC0415
     from ..telemetry.comm import ALLTOALL  # noqa: PLC0415
     from .session import TelemetrySession, resolved_layout  # noqa: PLC0415
 
+    use_interpreter_tools()       # before DeepSpeed builds or loads its CPU op, whatever started this rank
     if os.environ.get("RANK", "0") == "0" and get_accelerator().device_name() == "cpu":
-        from .ops import build_note  # noqa: PLC0415
-
         note = build_note()
         if note:
             log(note)

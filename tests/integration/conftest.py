@@ -215,3 +215,22 @@ def ssh_hosts() -> SshHosts:
         if not ok:
             unavailable(f"ssh to {host} port {ssh.port} failed: {out}", start)
     return ssh
+
+
+# Two real trainer runs, ZeRO-1 (W&B offline) and ZeRO-3 (W&B disabled), planned, on 2 processes:
+# trained once per session for every test that only reads a finished run (test_compare_real.py's compare and
+# calibrate, test_train_deepspeed.py's ZeRO-1 and ZeRO-3 checks). Whichever test asks first trains them.
+@pytest.fixture(scope="session")
+def zero_stage_runs(tmp_path_factory) -> dict[int, Path]:
+    """{1: run dir (with a W&B offline run), 3: run dir}: the planned tiny GPT, trained to completion."""
+    pytest.importorskip("deepspeed")
+    from tests.integration.train_support import SHARED_RUN_SPEC, make_run_dir, train  # noqa: PLC0415
+
+    root = tmp_path_factory.mktemp("zero-stage-runs")
+    runs = {1: make_run_dir(root / "z1", planned=True, **SHARED_RUN_SPEC, **{"parallelism.zero_stage": 1,
+                                                                            "tracking.wandb.mode": "offline"}),
+            3: make_run_dir(root / "z3", planned=True, **SHARED_RUN_SPEC, **{"parallelism.zero_stage": 3,
+                                                                            "tracking.wandb.mode": "disabled"})}
+    for run_dir in runs.values():
+        train(run_dir)
+    return runs

@@ -1,5 +1,6 @@
 """orch compare and orch calibrate on two REAL runs of the trainer: ZeRO-1 (logged to W&B offline) and
-ZeRO-3 (W&B disabled), tiny GPT, 2 CPU processes, 8 steps each, trained once per session.
+ZeRO-3 (W&B disabled), tiny GPT, 2 CPU processes, 10 steps each, trained once per session (the
+``zero_stage_runs`` fixture of tests/integration/conftest.py, shared with test_train_deepspeed.py).
 
 Checks: the diff names the differing fields; every number equals the one recomputed here from each
 metrics.jsonl; the PNG is a valid image of the expected size; the W&B offline run directory gives the same
@@ -18,31 +19,22 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXAMPLES
-from tests.integration.train_support import load_metrics, make_run_dir, train
+from tests.integration.train_support import SHARED_RUN_STEPS, load_metrics, make_run_dir
 from tests.deadlines import scaled_s
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("deepspeed")
 
-STEPS = 8
+STEPS = SHARED_RUN_STEPS
 WARMUP = 3
-COMMON = {"training.train_iters": STEPS, "training.checkpoint.interval": STEPS, "training.optimizer.lr": 3e-3,
-          "training.lr_schedule.warmup_iters": 1}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="session")
-def real_runs(tmp_path_factory) -> dict:
+def real_runs(zero_stage_runs) -> dict:
     """{'z1': run dir (with a W&B offline run), 'z3': run dir}, both trained to completion."""
-    root = tmp_path_factory.mktemp("compare-real")
-    z1 = make_run_dir(root / "z1", planned=True, **COMMON, **{"parallelism.zero_stage": 1,
-                                                                "tracking.wandb.mode": "offline"})
-    z3 = make_run_dir(root / "z3", planned=True, **COMMON, **{"parallelism.zero_stage": 3,
-                                                                "tracking.wandb.mode": "disabled"})
-    for run_dir in (z1, z3):
-        train(run_dir)
-    return {"z1": z1, "z3": z3}
+    return {"z1": zero_stage_runs[1], "z3": zero_stage_runs[3]}
 
 
 def wandb_dir(run_dir: Path) -> Path:

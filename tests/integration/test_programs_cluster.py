@@ -2,7 +2,11 @@
 (slurm/sshd.sh): examples/programs/ds_train.py at ZeRO-1, -2 and -3 and as a PipelineModule (pp = 2), and
 hf_train.py (the Hugging Face Trainer), each rank running `python -m orchestrator.programs RUN_DIR`. The
 wrapper's records must come from both nodes. The local backend runs the same programs in
-test_programs_real.py."""
+test_programs_real.py.
+
+Each backend runs ZeRO-3 (the wrapper's parameter all-gathers), the pipeline and the HF Trainer; ZeRO-1 and
+ZeRO-2 take the same path through orch (launch script, wrapper, gradient reduction hooks; they differ only
+inside DeepSpeed), so SLURM runs ZeRO-1 and pdsh ZeRO-2 rather than both of them twice."""
 from __future__ import annotations
 
 import json
@@ -47,7 +51,7 @@ def _check(run, pipeline: bool) -> None:
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"zero2"}))
 def test_program_on_two_slurm_nodes(variant, slurm_cluster, tmp_path):
     run, pipeline = _program_run(tmp_path, f"slurm {variant}", variant,
                                  **{"launch.slurm.partition": slurm_cluster.partition})
@@ -57,7 +61,7 @@ def test_program_on_two_slurm_nodes(variant, slurm_cluster, tmp_path):
 
 
 @pytest.mark.pdsh
-@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"zero1"}))
 def test_program_on_two_pdsh_hosts(variant, ssh_hosts, tmp_path):
     run, pipeline = _program_run(tmp_path, f"pdsh {variant}", variant)
     result = orch("launch", str(run), "--backend", "pdsh", "--wait", env=launch_env(ssh_hosts.env, **ENTRY))

@@ -14,15 +14,15 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.train_support import (assert_loss_falls, job_env, load_metrics, make_run_dir,
-                                             read_wandb_history, train)
+from tests.integration.train_support import (SHARED_RUN_STEPS, assert_loss_falls, job_env, load_metrics,
+                                             make_run_dir, read_wandb_history, train)
 from tests.deadlines import scaled_s
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("deepspeed")
 
-FAST = {"training.optimizer.lr": 3e-3, "training.lr_schedule.warmup_iters": 1, "training.train_iters": 10,
-        "tracking.wandb.mode": "disabled"}
+FAST = {"training.optimizer.lr": 3e-3, "training.lr_schedule.warmup_iters": 1,
+        "training.train_iters": SHARED_RUN_STEPS, "tracking.wandb.mode": "disabled"}
 FAKE_KEY = "0123456789abcdef0123456789abcdefORCHFAKE"
 
 
@@ -31,11 +31,16 @@ def _info(run_dir) -> dict:
 
 
 @pytest.mark.parametrize("stage", [0, 1, 3])
-def test_zero_stage_trains_fp32(tmp_path, stage):
-    run_dir = make_run_dir(tmp_path / "run", **FAST, **{"parallelism.zero_stage": stage})
-    train(run_dir)
+def test_zero_stage_trains_fp32(tmp_path, stage, request):
+    """ZeRO-1 and ZeRO-3: the session's shared runs (conftest.zero_stage_runs, also compared and calibrated by
+    test_compare_real.py); ZeRO-0 trained here, as many steps."""
+    if stage in (1, 3):
+        run_dir = request.getfixturevalue("zero_stage_runs")[stage]
+    else:
+        run_dir = make_run_dir(tmp_path / "run", **FAST, **{"parallelism.zero_stage": stage})
+        train(run_dir)
     records = load_metrics(run_dir)
-    assert [r["step"] for r in records] == list(range(1, 11))
+    assert [r["step"] for r in records] == list(range(1, SHARED_RUN_STEPS + 1))
     assert_loss_falls(records)
     assert all(r["allreduce_overhead"] > 0 and r["allreduce_time_s"] > 0 for r in records)   # dp = 2
     assert all(r["bubble_fraction"] == 0 and r["comm_bytes"] > 0 for r in records)

@@ -18,6 +18,10 @@ from tests.conftest import ROOT, fixed_plan, spec_data
 from tests.deadlines import Deadline, scaled_s
 
 JOB_TIMEOUT_S = 300     # idle-machine figure: every use scales it (scaled_s)
+# The spec of the shared ZeRO-1 / ZeRO-3 runs (conftest.zero_stage_runs): SHARED_RUN_STEPS steps, one checkpoint.
+SHARED_RUN_STEPS = 10
+SHARED_RUN_SPEC = {"training.train_iters": SHARED_RUN_STEPS, "training.checkpoint.interval": SHARED_RUN_STEPS,
+                   "training.optimizer.lr": 3e-3, "training.lr_schedule.warmup_iters": 1}
 
 
 def make_run_dir(path: Path, *, planned: bool = False, **overrides) -> Path:

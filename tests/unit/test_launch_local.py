@@ -2,6 +2,7 @@
 values, exit codes, the start-up watch. (Real torchrun runs: tests/integration/test_launch_local.py.)"""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -160,6 +161,24 @@ def test_trainer_says_when_deepspeed_will_compile_its_cpu_op(tmp_path, monkeypat
     built.mkdir(parents=True, exist_ok=True)
     (built / "deepspeed_shm_comm.so").write_bytes(b"")
     assert ops.build_note() is None
+
+
+def test_every_rank_builds_the_op_with_this_interpreters_ninja(monkeypatch):
+    """A rank started over ssh has the remote shell's PATH (/usr/bin first: the system's ninja); torch would
+    build the op with it and the next local or SLURM rank (the environment's ninja) would rebuild it. After
+    use_interpreter_tools the interpreter's directory comes first, once, whatever PATH held before."""
+    import shutil
+
+    from orchestrator.train import ops
+
+    bin_dir = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", f"/usr/bin:/bin:{bin_dir}:/usr/bin")
+    ops.use_interpreter_tools()
+    assert os.environ["PATH"].split(os.pathsep) == [bin_dir, "/usr/bin", "/bin", "/usr/bin"]
+    if (Path(bin_dir) / "ninja").is_file():       # the venv's pip-installed ninja (torch's build tool)
+        assert shutil.which("ninja") == str(Path(bin_dir) / "ninja")
+    ops.use_interpreter_tools()
+    assert os.environ["PATH"].split(os.pathsep).count(bin_dir) == 1
 
 
 def test_a_job_that_ends_after_cancel_is_cancelled_whatever_its_code(tmp_path):
