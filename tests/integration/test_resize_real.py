@@ -89,10 +89,11 @@ def _continues(source, new: Path, step: int) -> None:
 
 def test_resized_to_dp1_continues_through_deepspeeds_universal_loader(source, tmp_path):
     """dp 2 -> 1 from step 15 (5 steps on one process): DeepSpeed's own universal loader; the conversion step run
-    by hand first, then again by `orch launch` (reused). The new run dir's path holds `$`, `(` and `+`, which
-    DeepSpeed's converter cannot take in its own paths (convert._ds_to_universal runs it on relative names)."""
+    by hand first, then again by `orch launch` (reused). The new run dir's path holds `$`, `(`, `+` and `[`, which
+    DeepSpeed's converter cannot take in its own paths (convert._ds_to_universal runs it on relative names) and
+    its load_checkpoint globs unescaped (checkpoint.globless loads through a plain-named link)."""
     run = source[0]
-    new = tmp_path / "odd $(x) + y" / "dp1"
+    new = tmp_path / "odd $(x) + y [1]" / "dp1"
     out = _orch("resize", str(run), "--nodes", "1", "--gpus-per-node", "1", "--step", str(BACK_AT), "-o", str(new))
     assert out.returncode == 0, out.stderr
     resume = json.loads((new / "resume.json").read_text())
