@@ -40,7 +40,7 @@ def generate_problems(spec: Spec) -> list[Problem]:
     if t.attention_impl is not None:
         problems.append(Problem("training.attention_impl", f"{t.attention_impl} is not the attention orch's "
                                 f"{engine} runs use (orch plan predicts it)", "remove training.attention_impl"))
-    if t.cross_entropy_impl not in (None, _ENGINE_LOSS[engine]):
+    if t.cross_entropy_impl not in (None, _ENGINE_LOSS[engine], *_written_losses(spec, engine)):
         problems.append(Problem("training.cross_entropy_impl", f"{t.cross_entropy_impl}: orch's {engine} runs use "
                                 f"{_ENGINE_LOSS[engine]} (orch plan predicts {t.cross_entropy_impl})",
                                 "remove training.cross_entropy_impl"))
@@ -53,6 +53,13 @@ def generate_problems(spec: Spec) -> list[Problem]:
     if engine == "deepspeed" and (spec.program is None or spec.program.kind == "orch"):
         problems += _reference_trainer_problems(spec)
     return problems
+
+
+def _written_losses(spec: Spec, engine: str) -> tuple[str, ...]:
+    """Loss implementations besides the engine's own that orch writes: Megatron-LM's --cross-entropy-loss-fusion
+    (render/megatron.py), for a Megatron-LM program (orch's reference trainer runs Megatron-Core's unfused loss)."""
+    reference = spec.program is None or spec.program.kind == "orch"
+    return ("vocab_parallel_fused",) if engine == "megatron" and not reference else ()
 
 
 def _reference_trainer_problems(spec: Spec) -> list[Problem]:

@@ -251,7 +251,8 @@ class TrainingSpec:
         "Megatron's --cross-entropy-loss-fusion, NeMo's and Megatron-Bridge's default), torch (torch cross "
         "entropy on fp32 logits), flash_attn_xentropy (flash-attn's fused xentropy); null = the engine's own "
         "(megatron: vocab_parallel; deepspeed, orch's reference trainer: torch). orch plan accepts any; orch "
-        "generate and validate refuse one the engine does not use", omit_if_none=True)
+        "generate writes vocab_parallel_fused for a Megatron-LM program (--cross-entropy-loss-fusion) and, with "
+        "validate, refuses one the engine does not use", omit_if_none=True)
     layer_impl: Optional[Literal["megatron_core", "torchtitan_llama"]] = spec_field(
         None, doc="the transformer layer's code: megatron_core (fused Transformer Engine kernels, what orch "
         "trains) or torchtitan_llama (torchtitan's eager Llama layer: complex RoPE, separate projections, "

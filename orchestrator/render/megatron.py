@@ -127,10 +127,14 @@ def _model_args(plan: Plan) -> list[str]:
 
 
 def _model_kernel_args(plan: Plan) -> list[str]:
-    """model.rope_fusion: false and model.activation_func_clamp_value (written only when set)."""
+    """model.rope_fusion: false, model.activation_func_clamp_value and training.cross_entropy_impl:
+    vocab_parallel_fused (Megatron-Core's fused vocab-parallel loss, its native implementation; written only
+    when set)."""
     m, args = plan.spec.model, []
     if m.rope_fusion is False:
         args.append("--no-rope-fusion")
+    if plan.spec.training.cross_entropy_impl == "vocab_parallel_fused":
+        args.append("--cross-entropy-loss-fusion")
     if m.activation_func_clamp_value is not None:
         args += ["--activation-func-clamp-value", str(m.activation_func_clamp_value)]
     return args
@@ -140,6 +144,8 @@ def _model_kernel_config(plan: Plan) -> dict:
     m, config = plan.spec.model, {}
     if m.rope_fusion is False:
         config["apply_rope_fusion"] = False
+    if plan.spec.training.cross_entropy_impl == "vocab_parallel_fused":
+        config["cross_entropy_loss_fusion"] = True
     if m.activation_func_clamp_value is not None:
         config["activation_func_clamp_value"] = m.activation_func_clamp_value
     return config

@@ -85,13 +85,33 @@ def test_generate_refuses_what_orch_cannot_write_and_names_each_field():
                      "model.attention_dropout", "parallelism.distribute_saved_activations"}
     assert all(p.hint for p in generate_problems(_published("glm_130b")))
     # what orch writes passes: its own release (0.16 names core_v0.16.1), its own loss, Megatron options on Megatron
-    # ... and a Megatron-Bridge recipe's fused loss (--cross-entropy-loss-fusion) is refused by name
+    # ... and a Megatron-Bridge recipe's fused loss is refused by name for orch's reference trainer (a Megatron-LM
+    # program gets --cross-entropy-loss-fusion written: the next test)
     assert [p.path for p in generate_problems(_published("mbridge2602_gpt_oss_120b_bf16"))] == \
         ["training.cross_entropy_impl"]
     assert generate_problems(_published("opt_175b")) == []
     megatron = parse_spec(spec_data(**MEGATRON_LAYOUTS["gqa-swiglu-tp4-pp2-full"], **{
         "training.engine_version": "0.16", "training.cross_entropy_impl": "vocab_parallel"}))
     assert generate_problems(megatron) == []
+
+
+def test_a_megatron_lm_program_gets_the_fused_loss_written(tmp_path):
+    """training.cross_entropy_impl: vocab_parallel_fused is Megatron-LM's --cross-entropy-loss-fusion: written for a
+    Megatron-LM program (argv and TransformerConfig), refused for orch's reference trainer, which runs the unfused
+    vocab-parallel loss."""
+    from orchestrator.render.megatron import render_megatron_args, render_megatron_config
+    from tests.conftest import fixed_plan
+
+    (tmp_path / "pretrain_gpt.py").write_text("# Megatron-LM's entry\n")
+    fused = {**MEGATRON_LAYOUTS["gqa-swiglu-tp4-pp2-full"], "training.cross_entropy_impl": "vocab_parallel_fused"}
+    program = parse_spec(spec_data(**fused, program={"kind": "megatron-lm", "megatron_lm": str(tmp_path)}))
+    assert generate_problems(program) == []
+    plan = fixed_plan(spec_data(**fused, program={"kind": "megatron-lm", "megatron_lm": str(tmp_path)}))
+    assert "--cross-entropy-loss-fusion" in render_megatron_args(plan)
+    assert render_megatron_config(plan)["cross_entropy_loss_fusion"] is True
+    assert "--cross-entropy-loss-fusion" not in render_megatron_args(fixed_plan(spec_data(
+        **MEGATRON_LAYOUTS["gqa-swiglu-tp4-pp2-full"], program={"kind": "megatron-lm", "megatron_lm": str(tmp_path)})))
+    assert [p.path for p in generate_problems(parse_spec(spec_data(**fused)))] == ["training.cross_entropy_impl"]
 
 
 def test_validate_reports_the_generate_refusals(tmp_path, capsys):
