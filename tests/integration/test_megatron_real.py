@@ -65,10 +65,14 @@ CASES = [f"example:{name}" for name in example_names()] + sorted(FIXED) + \
 def plan_of(case: str):
     if case.startswith("published:"):
         from orchestrator.plan import build_plan
-        from tests.published_layouts import layout_case_spec, load_layout_cases
+        from orchestrator.spec_loader import parse_spec
+        from tests.published_layouts import layout_case_spec_data, load_layout_cases
 
         [pub] = [c for c in load_layout_cases(PUBLISHED) if c["id"] == case.split(":", 1)[1]]
-        return build_plan(layout_case_spec(pub), top_k=1)
+        data = layout_case_spec_data(pub)
+        if megatron_lm_root() is not None:   # NeMo / Megatron-Bridge ran Megatron-LM: a program (its fused loss is written)
+            data["program"] = {"kind": "megatron-lm", "megatron_lm": str(megatron_lm_root())}
+        return build_plan(parse_spec(data), top_k=1)
     if case.startswith("example:"):
         from orchestrator.plan import build_plan
         from orchestrator.spec_loader import load_spec
