@@ -63,3 +63,36 @@ def test_the_reference_trainer_runs_only_the_alltoall():
     base = {**MEGATRON_LAYOUTS["tiny-moe-ep2-cpu"], "training.engine": "deepspeed"}
     assert _paths(**{**base, "model.moe.token_dispatcher": "alltoall"}) == []
     assert _paths(**{**base, "model.moe.token_dispatcher": "allgather"}) == ["model.moe.token_dispatcher"]
+
+
+def test_groups_reached_is_the_expected_count_of_distinct_groups():
+    from itertools import combinations
+
+    from orchestrator.estimate.moe import groups_reached
+    experts, topk, groups = 8, 3, 4
+    picks = list(combinations(range(experts), topk))
+    exact = sum(len({e // (experts // groups) for e in pick}) for pick in picks) / len(picks)
+    assert abs(groups_reached(experts, topk, groups) - exact) < 1e-12
+    assert groups_reached(128, 8, 1) == 1.0 and abs(groups_reached(128, 8, 128) - 8) < 1e-9
+
+
+def _comm(dispatcher: str, ep: int):
+    import dataclasses
+
+    from orchestrator.estimate.moe import expert_layer_comm
+    spec = fixed_plan(spec_data(**MEGATRON_LAYOUTS["qwen3-ep8-flex-hybridep"])).spec
+    ctx = EstimateContext.of(spec)
+    shape = dataclasses.replace(ctx.shape, moe=dataclasses.replace(ctx.shape.moe, dispatcher=dispatcher))
+    return expert_layer_comm(shape, ctx.hw, 1, 1, ep, 1, 1)
+
+
+def test_flex_sends_each_token_once_per_remote_node_and_the_same_inside_one():
+    # Qwen3-30B-A3B (128 experts, top 8) over ep 16 = 2 nodes: the alltoall sends 4 of a token's 8 copies
+    # over the network, HybridEP / DeepEP ~1 (one per remote node): a quarter of the network time
+    alltoall, hybrid, deep = _comm("alltoall", 16), _comm("flex_hybridep", 16), _comm("flex_deepep", 16)
+    assert hybrid == deep and hybrid.seconds < 0.3 * alltoall.seconds
+    assert _comm("flex_hybridep", 8) == _comm("alltoall", 8)      # one node: costed as the alltoall
+    # allgather: every token on every rank (2x the alltoall's bytes at top 8 of ep 16), but NCCL's ring crosses
+    # each node boundary once per byte, so it beats the alltoall's 4 network copies and not the flex's one
+    gathered = _comm("allgather", 16)
+    assert gathered.bytes == 2 * alltoall.bytes and hybrid.seconds < gathered.seconds < alltoall.seconds
