@@ -52,6 +52,27 @@ def generate_problems(spec: Spec) -> list[Problem]:
                                 "ones)", "remove training.eager_norm"))
     if engine == "deepspeed" and (spec.program is None or spec.program.kind == "orch"):
         problems += _reference_trainer_problems(spec)
+    return problems + _dispatcher_problems(spec)
+
+
+def _dispatcher_problems(spec: Spec) -> list[Problem]:
+    """model.moe.token_dispatcher combinations Megatron-Core core_v0.16.1 refuses (TransformerConfig
+    __post_init__, token_dispatcher.py) or that need a GPU."""
+    moe, path = spec.model.moe, "model.moe.token_dispatcher"
+    kind = moe and moe.token_dispatcher
+    problems = []
+    if kind == "flex_deepep" and moe.capacity_factor is not None:
+        problems.append(Problem(path, "flex_deepep with model.moe.capacity_factor: orch pads each expert's input to "
+                                "its capacity (--moe-pad-expert-input-to-capacity), which Megatron-Core's DeepEP "
+                                "backend refuses", "use flex_hybridep or alltoall, or remove "
+                                "model.moe.capacity_factor (dropless)"))
+    if kind in ("flex_deepep", "flex_hybridep") and spec.cluster.gpu == "cpu":
+        problems.append(Problem(path, f"{kind} runs DeepEP / HybridEP CUDA kernels, not on cluster.gpu cpu",
+                                "use alltoall or allgather"))
+    if kind == "allgather" and spec.parallelism.overlap_moe_expert_parallel_comm:
+        problems.append(Problem(path, "allgather with parallelism.overlap_moe_expert_parallel_comm: Megatron-Core "
+                                "overlaps only the alltoall and flex dispatchers",
+                                "use alltoall, or remove parallelism.overlap_moe_expert_parallel_comm"))
     return problems
 
 
@@ -70,6 +91,8 @@ def _reference_trainer_problems(spec: Spec) -> list[Problem]:
              ("model.rope_fusion", m.rope_fusion is False and "false"),
              ("model.activation_func_clamp_value", m.activation_func_clamp_value),
              ("model.moe.router_force_load_balancing", moe is not None and moe.router_force_load_balancing),
+             ("model.moe.token_dispatcher", moe is not None and moe.token_dispatcher not in (None, "alltoall")
+              and moe.token_dispatcher),
              ("parallelism.distribute_saved_activations", p.distribute_saved_activations)]
     return [Problem(path, f"{path.split('.')[-1]}({value}), but engine deepspeed trains orch's reference model, "
                     "which has no such option (orch plan predicts it)", f"remove {path}, or set training.engine: "

@@ -59,6 +59,8 @@ Engine = Literal["megatron", "deepspeed"]
 # Megatron-LM core_v0.16.1's --recompute-modules choices (TransformerConfig.recompute_modules).
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 RecomputeMethod = Literal["uniform", "block"]
+# Megatron-Core core_v0.16.1 MoE token dispatchers (moe_token_dispatcher_type; flex with its backend).
+TokenDispatcher = Literal["alltoall", "allgather", "flex_deepep", "flex_hybridep"]
 # Defaults resolved into the spec (spec.resolved.yaml shows them).
 DEFAULT_HOST_MEMORY_GiB_PER_GPU = 64
 DEFAULT_HOST_MEMORY_GiB_PER_CPU_PROCESS = 8
@@ -88,6 +90,13 @@ class MoESpec:
         None, doc="route on random logits so every expert gets an equal share (Megatron's "
         "--moe-router-force-load-balancing, which benchmark runs such as NVIDIA's performance tables set; the "
         "model then learns nothing useful); null = false, the trained router; engine megatron", omit_if_none=True)
+    token_dispatcher: Optional[TokenDispatcher] = spec_field(
+        None, doc="how tokens reach their experts' ranks (Megatron's --moe-token-dispatcher-type and, for flex, "
+        "--moe-flex-dispatcher-backend): alltoall (NCCL all-to-all over the ep ranks), allgather (every rank "
+        "gathers all tokens; no EP all-to-all overlap), flex_deepep (DeepEP's fused dispatch/combine kernels; "
+        "dropless only, as Megatron-Core refuses padding to a capacity_factor), flex_hybridep (HybridEP: one "
+        "copy per remote node, then NVLink; what NVIDIA's Megatron-Bridge performance runs use); flex needs a "
+        "GPU and engine megatron; null = alltoall, what orch writes", omit_if_none=True)
 
 
 @dataclass(frozen=True, kw_only=True)

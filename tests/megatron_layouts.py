@@ -97,3 +97,12 @@ MEGATRON_LAYOUTS |= {
         **MEGATRON_LAYOUTS["fp16-tp2-pp2-zero0"], "parallelism.sequence_parallel": False,
         "parallelism.recompute": "full", "parallelism.distribute_saved_activations": True},
 }
+
+# The MoE token dispatcher (model.moe.token_dispatcher; Megatron-Core's flex dispatcher with its backends).
+MEGATRON_LAYOUTS |= {
+    "qwen3-ep8-flex-hybridep": {**MEGATRON_LAYOUTS["qwen3-kv128-ep8-pp2-fp8"], "parallelism.virtual_pipeline": 2,
+                                "model.moe.token_dispatcher": "flex_hybridep"},
+    "mixtral-ep8-flex-deepep": {**MEGATRON_LAYOUTS["mixtral-tp2-ep8-sp"], "model.moe.token_dispatcher": "flex_deepep"},
+    "moe-capacity-allgather": {**MEGATRON_LAYOUTS["moe-top1-capacity-shared-dense-etp2"],
+                               "model.moe": {**MOE_SMALL, "token_dispatcher": "allgather"}},
+}

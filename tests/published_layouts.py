@@ -38,6 +38,10 @@ moe_router_force_load_balancing True); the token-drop rows route on their traine
 so do the dropless Mixtral rows of Megatron-Core's MoE README and its benchmarking configs (Megatron-MoE-ModelZoo)
 that do not pass --moe-router-force-load-balancing (their sources say "not force-balanced").
 
+The MoE token dispatcher (``dispatcher``, spec field model.moe.token_dispatcher) is stated where a case's source
+names it, with the evidence at the end of its ``source``: HybridEP (``flex_hybridep``) for the Qwen3-30B-A3B pp 1 / ep 16
+recipe, ``alltoall`` where the source says so; a case without it is written as orch writes it (alltoall).
+
 Llama 3.1 405B (126 layers) on pp 8 with 8 virtual stages ran with Megatron's
 --account-for-embedding/loss-in-pipeline-split (128 "layers"): its spec sets
 parallelism.account_for_embedding_loss where that split exists for the published pp and virtual stages, and
@@ -67,7 +71,8 @@ def layout_case_spec(case: dict, *, published_layout: bool = True) -> Spec:
 
 def layout_case_spec_data(case: dict, *, published_layout: bool = True) -> dict:
     """The case's spec as data: its model, cluster, batch and precision, the software its recipe set (dropout,
-    FP8 recipe, EP overlap, RoPE fusion, GLU clamp, forced balance, recompute modules: module doc) and, with
+    FP8 recipe, EP overlap, RoPE fusion, GLU clamp, forced balance, token dispatcher, recompute modules: module
+    doc) and, with
     ``published_layout``, its published layout."""
     model = ({"preset": case["preset"]} if case.get("preset") else dict(case["model"])) | {"seq_length": case["seq"]}
     moe: dict = {}
@@ -75,6 +80,8 @@ def layout_case_spec_data(case: dict, *, published_layout: bool = True) -> dict:
         moe["capacity_factor"] = case["capacity_factor"]
     if case.get("router_force_balance"):
         moe["router_force_load_balancing"] = True
+    if case.get("dispatcher"):      # the recipe's token dispatcher (evidence in ``source``)
+        moe["token_dispatcher"] = case["dispatcher"]
     if moe:
         model["moe"] = {**model.get("moe", {}), **moe}
     if layout_case_dropout(case):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from math import sqrt
+from math import comb, sqrt
 
 from .comm import NCCL_BASE_US, NCCL_HOP_US, US, Placement, all_gather_s, group_placement
 from .compute import (KERNELS_BWD, KERNELS_FWD, LayerTimeEstimate, MlpTimes, activation_times_s, linear_times_s,
@@ -419,6 +419,36 @@ def all_to_all_s(nbytes: float, pl: Placement, hw: Hardware) -> float:
     return lat + max(intra, inter)
 
 
+def groups_reached(experts: int, topk: int, groups: int) -> float:
+    """Expected number of ``groups`` (each holding experts / groups of the experts) a token's ``topk`` distinct
+    experts fall in, routed uniformly (forced balance; a trained router balanced by its aux loss, to first order)."""
+    per_group = experts // max(1, groups)
+    if groups <= 1 or per_group < 1:
+        return 1.0
+    return groups * (1 - comb(experts - per_group, topk) / comb(experts, topk))
+
+
+def flex_dispatch_bytes(token_bytes: float, experts: int, topk: int, pl: Placement) -> tuple[float, float]:
+    """(NVLink, network) bytes one rank sends in one dispatch (or combine) of the flex dispatcher, DeepEP or
+    HybridEP (docs/cost-model.md, "Token dispatchers"): each token crosses to each remote node that holds one of
+    its experts once and is forwarded inside that node over NVLink to each rank that holds one; the alltoall
+    dispatcher sends one copy per (token, expert). NVLink: one copy per distinct other rank reached (the local
+    ones directly, the remote ones by the forward); network: one per distinct remote node reached. Sources:
+    DeepEP's README (NVLink-to-RDMA forwarding) and csrc/kernels/internode.cu SourceMeta (one RDMA token per
+    node with its target ranks' bitmask); Megatron-Core fused_a2a.py runs HybridEP from the same library."""
+    ranks = groups_reached(experts, topk, pl.size)
+    nodes = groups_reached(experts, topk, pl.num_nodes)
+    return (token_bytes * ranks * (pl.size - 1) / pl.size,
+            token_bytes * nodes * (pl.num_nodes - 1) / pl.num_nodes)
+
+
+def split_all_to_all_s(intra_bytes: float, inter_bytes: float, pl: Placement, hw: Hardware) -> float:
+    """One exchange that sends ``intra_bytes`` over NVLink and ``inter_bytes`` over the network concurrently
+    (one p2p latency, as :func:`all_to_all_s`)."""
+    lat = (NCCL_BASE_US[("ring", "Simple")] + NCCL_HOP_US["net"][("ring", "Simple")]) * US
+    return lat + max(intra_bytes / hw.intra_Bps, inter_bytes / hw.inter_Bps)
+
+
 @dataclass(frozen=True)
 class ExpertComm:
     """All-to-all (and expert-tensor-parallel) traffic of one MoE layer, one micro-batch, one rank."""
@@ -429,13 +459,26 @@ class ExpertComm:
 
 @lru_cache(maxsize=16384)
 def expert_layer_comm(shape: ModelShape, hw: Hardware, tp: int, cp: int, ep: int, etp: int, mb: int) -> ExpertComm:
-    """Dispatch + combine, forward and backward (4 all-to-alls); with etp > 1 the etp all-gather of the
-    routed tokens and the reduce-scatter of their outputs, forward and backward."""
+    """Dispatch + combine, forward and backward (4 exchanges: all-to-alls of the routed copies for the alltoall
+    dispatcher, of one copy per remote node and rank for flex, all-gathers / reduce-scatters of every token for
+    allgather); with etp > 1 the etp all-gather of the routed tokens and the reduce-scatter of their outputs,
+    forward and backward."""
     moe = shape.moe
     work = expert_work(shape, tp, cp, ep, etp, mb)
-    routed_bytes = work.tokens * moe.router_topk * shape.hidden_size * hw.dtype_bytes
-    sent = routed_bytes * (ep - 1) / ep
-    seconds = 4 * work.imbalance * all_to_all_s(sent, expert_group_placement(ep, etp, hw.gpus_per_node), hw)
+    token_bytes = work.tokens * shape.hidden_size * hw.dtype_bytes
+    routed_bytes = token_bytes * moe.router_topk
+    placement = expert_group_placement(ep, etp, hw.gpus_per_node)
+    if moe.dispatcher == "allgather":      # every rank gathers the group's tokens, reduce-scatters the outputs
+        gathered = token_bytes * ep
+        seconds = 4 * all_gather_s(gathered, placement, hw)
+        sent = gathered * (ep - 1) / ep
+    elif moe.dispatcher.startswith("flex") and placement.num_nodes > 1:
+        intra, inter = flex_dispatch_bytes(token_bytes, moe.num_experts, moe.router_topk, placement)
+        seconds = 4 * work.imbalance * split_all_to_all_s(intra, inter, placement, hw)
+        sent = intra + inter
+    else:
+        sent = routed_bytes * (ep - 1) / ep
+        seconds = 4 * work.imbalance * all_to_all_s(sent, placement, hw)
     nbytes = 4 * sent
     if etp > 1:
         etp_pl = group_placement(etp, 1, hw.gpus_per_node)

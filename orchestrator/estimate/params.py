@@ -33,6 +33,7 @@ class MoEShape:
     shared_ffn: int = 0
     first_dense_layers: int = 0
     capacity_factor: float | None = None
+    dispatcher: str = "alltoall"     # model.moe.token_dispatcher (null: alltoall, what orch writes)
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def model_shape(spec: Spec) -> ModelShape:
         moe=None if m.moe is None else MoEShape(
             num_experts=m.moe.num_experts, router_topk=m.moe.router_topk, expert_ffn=m.moe.ffn_hidden_size,
             shared_ffn=m.moe.shared_expert_ffn_hidden_size, first_dense_layers=m.moe.first_dense_layers,
-            capacity_factor=m.moe.capacity_factor),
+            capacity_factor=m.moe.capacity_factor, dispatcher=m.moe.token_dispatcher or "alltoall"),
         **_dropout_fields(spec), **_recompute_fields(spec), **_software_fields(spec))
 
 

@@ -10,7 +10,10 @@ from ..estimate.precision import FP8_RECIPE
 from ..layout import engine_of
 from ..plan import Plan
 
-DISPATCHER = "alltoall"
+DISPATCHER = "alltoall"      # model.moe.token_dispatcher null
+# model.moe.token_dispatcher -> (moe_token_dispatcher_type, moe_flex_dispatcher_backend or None)
+DISPATCHERS = {"alltoall": ("alltoall", None), "allgather": ("allgather", None),
+               "flex_deepep": ("flex", "deepep"), "flex_hybridep": ("flex", "hybridep")}
 CP_COMM_TYPE = "p2p"
 FP8_FORMAT, FP8_AMAX_HISTORY, FP8_AMAX_ALGO = "hybrid", 1024, "max"
 LOAD_BALANCING = "aux_loss"
@@ -28,7 +31,7 @@ def moe_args(plan: Plan) -> list[str]:
         return []
     args = ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.router_topk),
             "--moe-ffn-hidden-size", str(moe.ffn_hidden_size), "--expert-model-parallel-size", str(lay.ep),
-            "--expert-tensor-parallel-size", str(lay.etp), "--moe-token-dispatcher-type", DISPATCHER,
+            "--expert-tensor-parallel-size", str(lay.etp), *dispatcher_args(plan),
             "--moe-router-load-balancing-type", LOAD_BALANCING, "--moe-aux-loss-coeff", str(moe.aux_loss_coeff)]
     if plan.spec.cluster.gpu != "cpu":
         args.append("--moe-grouped-gemm")
@@ -48,10 +51,24 @@ def moe_args(plan: Plan) -> list[str]:
     return args
 
 
+def dispatcher_of(plan: Plan) -> tuple[str, str | None]:
+    """Megatron-Core's (moe_token_dispatcher_type, moe_flex_dispatcher_backend) of the spec's MoE."""
+    moe = plan.spec.model.moe
+    return DISPATCHERS[(moe and moe.token_dispatcher) or DISPATCHER]
+
+
+def dispatcher_args(plan: Plan) -> list[str]:
+    kind, backend = dispatcher_of(plan)
+    return ["--moe-token-dispatcher-type", kind, *(["--moe-flex-dispatcher-backend", backend] if backend else [])]
+
+
 def ep_overlap(plan: Plan) -> bool:
+    """Megatron-Core overlaps the EP all-to-all only with the alltoall and flex dispatchers (TransformerConfig)."""
     lay = plan.layout
-    return plan.spec.parallelism.overlap_moe_expert_parallel_comm is not False and uses_ep_a2a_overlap(plan.spec.model.moe is not None, engine_of(plan.spec), plan.spec.cluster.gpu,
-                               lay.ep, lay.pp, lay.vpp, lay.recompute)
+    asked = plan.spec.parallelism.overlap_moe_expert_parallel_comm is not False
+    return asked and dispatcher_of(plan)[0] != "allgather" and uses_ep_a2a_overlap(
+        plan.spec.model.moe is not None, engine_of(plan.spec), plan.spec.cluster.gpu, lay.ep, lay.pp, lay.vpp,
+        lay.recompute)
 
 
 def context_args(plan: Plan) -> list[str]:
@@ -78,10 +95,12 @@ def moe_config(plan: Plan) -> dict:
         return {}
     config = {"num_moe_experts": moe.num_experts, "moe_router_topk": moe.router_topk,
               "moe_ffn_hidden_size": moe.ffn_hidden_size, "expert_model_parallel_size": lay.ep,
-              "expert_tensor_parallel_size": lay.etp, "moe_token_dispatcher_type": DISPATCHER,
+              "expert_tensor_parallel_size": lay.etp, "moe_token_dispatcher_type": dispatcher_of(plan)[0],
               "moe_grouped_gemm": plan.spec.cluster.gpu != "cpu",
               "moe_router_load_balancing_type": LOAD_BALANCING, "moe_aux_loss_coeff": moe.aux_loss_coeff,
               "moe_router_pre_softmax": moe.router_topk == 1, "overlap_moe_expert_parallel_comm": ep_overlap(plan)}
+    if dispatcher_of(plan)[1]:
+        config["moe_flex_dispatcher_backend"] = dispatcher_of(plan)[1]
     if moe.capacity_factor is not None:
         config |= {"moe_expert_capacity_factor": moe.capacity_factor, "moe_token_drop_policy": DROP_POLICY,
                    "moe_pad_expert_input_to_capacity": True}
