@@ -153,7 +153,8 @@ def test_a_published_run_without_the_ep_overlap_exposes_its_whole_all_to_all():
     alltoall = {**case, "dispatcher": None}
     as_run = predicted_layout(alltoall)
     as_orch = predicted_layout({**alltoall, "ep_a2a_overlap": True})
-    assert 0.5 * as_run["comm"]["ep_s"] < as_run["comm"]["ep_exposed_s"] < as_run["comm"]["ep_s"]
+    # (at HOST_OP_S 13.5 us the host-bound layer's GPU wait hides a little over half of it)
+    assert 0.3 * as_run["comm"]["ep_s"] < as_run["comm"]["ep_exposed_s"] < as_run["comm"]["ep_s"]
     assert as_orch["comm"]["ep_exposed_s"] < 0.8 * as_run["comm"]["ep_exposed_s"]
     assert as_run["step_time_s"] > as_orch["step_time_s"]
     # as run (HybridEP): a quarter of the traffic, which the host-bound layer's GPU wait hides
