@@ -31,21 +31,19 @@ def step_dir_name(step: int) -> str:
     return f"iter_{step:07d}"
 
 
-def _last_value(argv: list[str], flag: str) -> str | None:
-    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
-    values += [a.split("=", 1)[1] for a in argv if a.startswith(flag + "=")]
-    return values[-1] if values else None
+def parsed_args(argv: list[str]):
+    """``argv`` as Megatron-LM's argparse reads it (validate.megatron_args' parser over its own flag table:
+    aliases, ``--flag=value``, the last value winning, each dest's default); the user's own flags are skipped."""
+    from .validate.megatron_args import Token, parse_tokens  # noqa: PLC0415  (light: the flag table's json)
+
+    return parse_tokens([Token(text, 0) for text in argv], "program.json")[0]
 
 
 def checkpoint_format(argv: list[str]) -> dict:
     """How a Megatron-LM argv saves its checkpoints: ``{"ckpt_format", "optimizer"}``, optimizer one of
     RESHARDS' keys or "not_reshardable" (--no-ckpt-fully-parallel-save with the distributed optimizer:
-    Megatron warns it cannot resume under another parallelism), None for the legacy torch format. Read with
-    validate.megatron_args' parser (Megatron-LM's own flag table: aliases, ``--flag=value``, the last value
-    winning, each dest's default); flags it does not know (the user's own) are skipped."""
-    from .validate.megatron_args import Token, parse_tokens  # noqa: PLC0415  (light: the flag table's json)
-
-    args, _ = parse_tokens([Token(text, 0) for text in argv], "program.json")
+    Megatron warns it cannot resume under another parallelism), None for the legacy torch format."""
+    args = parsed_args(argv)
     fmt = args.get("ckpt_format") or DEFAULT_FORMAT
     if fmt in ("torch", "torch_dcp"):
         return {"ckpt_format": fmt, "optimizer": None}
@@ -237,8 +235,9 @@ def start_argv(run_dir: Path, argv: list[str]) -> list[str]:
     wrote its --save dir's tracker), load that one (--load SAVE, no --ckpt-step) instead of the source's."""
     from .programs import RUN_DIR_TOKEN  # noqa: PLC0415
 
-    save = _last_value(argv, "--save")
-    if save is None or "--ckpt-step" not in argv or not (Path(run_dir) / "resume.json").is_file():
+    args = parsed_args(argv)
+    save = args.get("save")
+    if save is None or not args.get("ckpt_step") or not (Path(run_dir) / "resume.json").is_file():
         return argv
     save = save.replace(RUN_DIR_TOKEN, str(Path(run_dir).resolve()))
     if not (Path(run_dir) / save / TRACKER).is_file():
@@ -259,9 +258,7 @@ def start_iteration(argv: list[str], cwd: Path) -> int:
     core_v0.16.1's checkpointing.py decides it: 0 without --load, with --finetune or a ``release`` tracker;
     else --ckpt-step when set, else the --load dir's tracker; 0 when there is no checkpoint to load. A
     relative --load is read from ``cwd`` (the program's working dir)."""
-    from .validate.megatron_args import Token, parse_tokens  # noqa: PLC0415
-
-    args, _ = parse_tokens([Token(text, 0) for text in argv], "program.json")
+    args = parsed_args(argv)
     load = args.get("load")
     if not load or args.get("finetune"):
         return 0
