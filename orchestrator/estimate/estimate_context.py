@@ -26,8 +26,7 @@ class EstimateContext:
     gpu: str = "h100-sxm"         # catalog key (FP8 GEMM rates)
     engine_version: str | None = None   # training.engine_version; None: the DeepSpeed orch writes for
                                         # (estimate/engines.py DEEPSPEED_VERSION)
-    ep_a2a_overlap: bool = True   # parallelism.overlap_moe_expert_parallel_comm (False, or the allgather
-                                  # dispatcher: never)
+    ep_a2a_overlap: bool = True   # parallelism.overlap_moe_expert_parallel_comm (False: never)
     fp8_recipe: str = FP8_RECIPE  # training.fp8_recipe (default: the delayed scaling orch writes)
     distribute_saved_activations: bool = False   # parallelism.distribute_saved_activations: full recompute keeps
                                   # each layer's input split over the tp ranks
@@ -42,8 +41,7 @@ class EstimateContext:
         return cls(shape=model_shape(spec), hw=hardware_for(spec, cost), cost=cost,
                    global_batch=t.global_batch_size, precision=t.precision, engine=engine_of(spec),
                    host_capacity_bytes=host_GiB * 2**30 / c.gpus_per_node, gpu=c.gpu,
-                   engine_version=t.engine_version, ep_a2a_overlap=p.overlap_moe_expert_parallel_comm is not False
-                   and not (spec.model.moe and spec.model.moe.token_dispatcher == "allgather"),
+                   engine_version=t.engine_version, ep_a2a_overlap=p.overlap_moe_expert_parallel_comm is not False,
                    fp8_recipe=t.fp8_recipe or FP8_RECIPE,
                    distribute_saved_activations=bool(p.distribute_saved_activations),
                    p2p_overlap=p.overlap_p2p_comm is not False)

@@ -365,26 +365,22 @@ def host_idle_s(floored: LayerTimeEstimate, gpu_only: LayerTimeEstimate) -> floa
 
 # --- the expert-parallel all-to-all ----------------------------------------------------------------
 
-def uses_ep_a2a_overlap(is_moe: bool, engine: str, gpu: str, ep: int, pp: int, vpp: int, recompute: str) -> bool:
-    """Megatron-Core's EP all-to-all overlap applies (TransformerConfig's conditions), on a GPU."""
+def uses_ep_a2a_overlap(is_moe: bool, engine: str, gpu: str, ep: int, pp: int, vpp: int, recompute: str,
+                        dispatcher: str | None = None) -> bool:
+    """Megatron-Core's EP all-to-all overlap applies (TransformerConfig's conditions: not with the allgather
+    dispatcher), on a GPU."""
     return (is_moe and engine == "megatron" and gpu != "cpu" and ep > 1 and recompute != "full"
-            and (pp == 1 or vpp > 1))
+            and (pp == 1 or vpp > 1) and dispatcher != "allgather")
 
 
-def exposed_all_to_all_s(ep_s: float, layer_compute_s: float, overlapped: bool, unpaired: float = 0.0,
-                         idle_s: float = 0.0) -> float:
+def exposed_all_to_all_s(ep_s: float, layer_compute_s: float, overlapped: bool, unpaired: float = 0.0) -> float:
     """What the all-to-all of a layer adds to it per micro-batch: all of it, or with the overlap what the other
     micro-batch's compute cannot cover (at least 1 - EP_A2A_OVERLAP of it) for the passes the combined 1F1B
-    schedule pairs, and all of it for the ``unpaired`` share it runs alone (:func:`unpaired_share`); less, either
-    way, the GPU time the layer waits for its host launches (``idle_s``, :func:`host_idle_s`): after the
-    dispatcher's sync the host launches the dispatch all-to-all first and the experts after it, so the transfer
-    runs while the GPU would otherwise wait for those launches (and the combine while it waits for the next
-    layer's)."""
-    exposed = ep_s
-    if overlapped:
-        paired = max(ep_s - EP_A2A_OVERLAP * layer_compute_s, (1 - EP_A2A_OVERLAP) * ep_s)
-        exposed = unpaired * ep_s + (1 - unpaired) * paired
-    return max(0.0, exposed - idle_s)
+    schedule pairs, and all of it for the ``unpaired`` share it runs alone (:func:`unpaired_share`)."""
+    if not overlapped:
+        return ep_s
+    paired = max(ep_s - EP_A2A_OVERLAP * layer_compute_s, (1 - EP_A2A_OVERLAP) * ep_s)
+    return unpaired * ep_s + (1 - unpaired) * paired
 
 
 def unpaired_share(pp: int, vpp: int, num_microbatches: int) -> float:

@@ -165,8 +165,9 @@ def rank_layer_of(ctx: EstimateContext, lay: Layout) -> RankLayer:
 def uses_ep_overlap(ctx: EstimateContext, lay: Layout) -> bool:
     """The run overlaps its expert all-to-all (Megatron's combined 1F1B schedule): the spec allows it and
     Megatron-Core's conditions hold (estimate/moe.py uses_ep_a2a_overlap)."""
-    return ctx.ep_a2a_overlap and uses_ep_a2a_overlap(ctx.shape.moe is not None, ctx.engine, ctx.gpu, lay.ep,
-                                                      lay.pp, lay.vpp, lay.recompute)
+    moe = ctx.shape.moe
+    return ctx.ep_a2a_overlap and uses_ep_a2a_overlap(moe is not None, ctx.engine, ctx.gpu, lay.ep, lay.pp, lay.vpp,
+                                                      lay.recompute, moe.dispatcher if moe else None)
 
 
 def full_recompute_share(shape: ModelShape, lay: Layout) -> float:
@@ -388,7 +389,9 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     # launches (moe.py host_idle_s) hides it too, counted once
     ep_unpaired, ep_window = unpaired_share(pp, vpp, m), slow * (layer.total_s - rl.host_idle_s)
     ep_behind_compute = exposed_all_to_all_s(rl.ep_s, ep_window, overlap, ep_unpaired)
-    ep_exposed = exposed_all_to_all_s(rl.ep_s, ep_window, overlap, ep_unpaired, rl.host_idle_s)
+    # less the GPU time the layer waits for its host launches (moe.py host_idle_s): after the dispatcher's sync
+    # the host launches the dispatch all-to-all first and the experts after it, so the transfer runs in that wait
+    ep_exposed = max(0.0, ep_behind_compute - rl.host_idle_s)
     bf16_opt = uses_bf16_optimizer(ctx, lay)
     hp_layer, hp_emb, hp_head = hp_grad_copies_s(ctx, lay, params) if bf16_opt else (0.0, 0.0, 0.0)
     times = stage_times(split, slow * layer.total_s + tp_exposed + ep_exposed + rl.cp_exposed_s + hp_layer,
@@ -464,7 +467,7 @@ def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, to
     first and last stage; all 0 without pipeline parallelism. ``chunk_windows_s``: (forward, backward) compute
     of one model chunk for one micro-batch, what Megatron's overlapped exchanges hide behind
     (:func:`overlapped_p2p_exposed_s`); ``combined_1f1b``: the EP overlap merges each forward chunk with a
-    backward one (:func:`combined_1f1b_p2p_exposed_s`)."""
+    backward one, and every steady-state exchange is exposed (see below)."""
     shape, hw, tp = ctx.shape, ctx.hw, lay.tp
     if lay.pp <= 1:
         return 0.0, 0.0, 0.0, 0.0
@@ -474,8 +477,12 @@ def _pipeline_comm(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, to
     x = p2p_transfers_per_microbatch(ctx.engine, lay.vpp) * one_s
     exposed = (1 - ctx.cost.pp_overlap) * x
     if uses_p2p_overlap(ctx, lay):
-        exposed = combined_1f1b_p2p_exposed_s(x) if combined_1f1b else \
-            overlapped_p2p_exposed_s(one_s, lay.vpp, *chunk_windows_s)
+        # With the EP all-to-all overlap (combined_1f1b) every steady-state exchange is exposed: Megatron-Core
+        # runs each step as one merged forward + backward chunk pass (core_v0.16.1 pipeline_parallel/
+        # combined_1f1b.py, model_chunk_schedule_plan.py TransformerModelChunkSchedulePlan.run) that sends the
+        # forward's output and the backward's input gradient only after its last layer, and the next merged step
+        # first waits for both receives, where overlap_p2p_comm's separate passes leave a chunk to travel in.
+        exposed = x if combined_1f1b else overlapped_p2p_exposed_s(one_s, lay.vpp, *chunk_windows_s)
     if ds_pipe_partitioned(ctx.engine, tp) and not lay.sequence_parallel:
         x = ds_partitioned_transfers_s(ds_pipe_hand_overs(ctx.engine_version), one_bytes, tp_pl, inter, hw)
         exposed = (1 - ctx.cost.pp_overlap) * x
@@ -505,22 +512,6 @@ def overlapped_p2p_exposed_s(one_s: float, vpp: int, chunk_forward_s: float, chu
     after the backward is waited before the next backward, behind one chunk's forward. Each of the v chunks of
     a micro-batch: what a transfer takes beyond its window."""
     return vpp * (max(0.0, one_s - chunk_backward_s) + max(0.0, one_s - chunk_forward_s))
-
-
-def combined_1f1b_p2p_exposed_s(transfers_s: float) -> float:
-    """Exposed p2p time per micro-batch of the interleaved schedule with the EP all-to-all overlap: all of the
-    steady state's exchanges (``transfers_s``, the 2v hand-overs). With --overlap-moe-expert-parallel-comm
-    Megatron-Core runs each steady-state step as one merged forward + backward chunk pass (core_v0.16.1
-    pipeline_parallel/combined_1f1b.py combined_1f1b_schedule_for_interleaved_pipelining, models/common/
-    model_chunk_schedule_plan.py TransformerModelChunkSchedulePlan.run): its layers interleave the forward of
-    one micro-batch with the backward of another, and only after the last of them are the forward's output
-    (post_forward, on the comm stream) and the backward's input gradient (post_backward) sent, with one
-    layer's delayed attention weight gradient behind them; the next merged step starts by waiting for both
-    receives (pre_forward, pre_backward). The neighbour's output is therefore ready only when its whole step
-    ends, where the separate passes of overlap_p2p_comm leave it a backward (or forward) chunk to travel in
-    (:func:`overlapped_p2p_exposed_s`): each step waits for its two incoming hand-overs, which share the
-    rank's link. The one attention weight gradient they may overlap is left out."""
-    return transfers_s
 
 
 def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_window_s: float,

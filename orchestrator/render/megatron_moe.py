@@ -66,9 +66,8 @@ def ep_overlap(plan: Plan) -> bool:
     """Megatron-Core overlaps the EP all-to-all only with the alltoall and flex dispatchers (TransformerConfig)."""
     lay = plan.layout
     asked = plan.spec.parallelism.overlap_moe_expert_parallel_comm is not False
-    return asked and dispatcher_of(plan)[0] != "allgather" and uses_ep_a2a_overlap(
-        plan.spec.model.moe is not None, engine_of(plan.spec), plan.spec.cluster.gpu, lay.ep, lay.pp, lay.vpp,
-        lay.recompute)
+    return asked and uses_ep_a2a_overlap(plan.spec.model.moe is not None, engine_of(plan.spec), plan.spec.cluster.gpu,
+                                         lay.ep, lay.pp, lay.vpp, lay.recompute, dispatcher_of(plan)[0])
 
 
 def context_args(plan: Plan) -> list[str]:
@@ -93,14 +92,15 @@ def moe_config(plan: Plan) -> dict:
     moe, lay = plan.spec.model.moe, plan.layout
     if moe is None:
         return {}
+    kind, backend = dispatcher_of(plan)
     config = {"num_moe_experts": moe.num_experts, "moe_router_topk": moe.router_topk,
               "moe_ffn_hidden_size": moe.ffn_hidden_size, "expert_model_parallel_size": lay.ep,
-              "expert_tensor_parallel_size": lay.etp, "moe_token_dispatcher_type": dispatcher_of(plan)[0],
+              "expert_tensor_parallel_size": lay.etp, "moe_token_dispatcher_type": kind,
               "moe_grouped_gemm": plan.spec.cluster.gpu != "cpu",
               "moe_router_load_balancing_type": LOAD_BALANCING, "moe_aux_loss_coeff": moe.aux_loss_coeff,
               "moe_router_pre_softmax": moe.router_topk == 1, "overlap_moe_expert_parallel_comm": ep_overlap(plan)}
-    if dispatcher_of(plan)[1]:
-        config["moe_flex_dispatcher_backend"] = dispatcher_of(plan)[1]
+    if backend:
+        config["moe_flex_dispatcher_backend"] = backend
     if moe.capacity_factor is not None:
         config |= {"moe_expert_capacity_factor": moe.capacity_factor, "moe_token_drop_policy": DROP_POLICY,
                    "moe_pad_expert_input_to_capacity": True}

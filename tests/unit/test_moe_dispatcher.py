@@ -36,8 +36,10 @@ def test_allgather_turns_the_ep_overlap_off_in_the_flags_and_the_cost_model():
     plan = fixed_plan(spec_data(**data))
     assert "--overlap-moe-expert-parallel-comm" not in render_megatron_args(plan)
     assert render_megatron_config(plan)["overlap_moe_expert_parallel_comm"] is False
-    assert EstimateContext.of(plan.spec).ep_a2a_overlap is False
-    assert EstimateContext.of(overlapped.spec).ep_a2a_overlap is True
+    from orchestrator.estimate.step import uses_ep_overlap
+
+    assert uses_ep_overlap(EstimateContext.of(plan.spec), plan.layout) is False
+    assert uses_ep_overlap(EstimateContext.of(overlapped.spec), overlapped.layout) is True
 
 
 def _paths(**overrides) -> list[str]:

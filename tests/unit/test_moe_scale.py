@@ -108,22 +108,10 @@ def test_expert_host_operations_are_counted_per_grouped_linear():
     in BF16, 10 and 11 in FP8 (its quantized input / gradient tensors, their cast, the usage updates); current
     scaling adds the amax and scale kernels of each cast; the gradient hooks come on top. Qwen3-30B-A3B, FP8
     current scaling: 52 per expert and layer pass, BF16: 20."""
-    from orchestrator.estimate.moe import EXPERT_LINEARS, GROUPED_LINEAR_HOST_OPS, expert_host_ops
+    from orchestrator.estimate.moe import expert_host_ops
 
-    assert EXPERT_LINEARS == 2 and GROUPED_LINEAR_HOST_OPS == {False: (3, 6), True: (10, 11)}
-    assert EXPERT_HOST_OPS == {False: (6, 12), True: (20, 22)}
     assert sum(expert_host_ops(True, "tensorwise")) + EXPERT_GRAD_HOOKS == 52
     assert sum(expert_host_ops(False)) + EXPERT_GRAD_HOOKS == 20
-
-
-def test_the_all_to_all_runs_while_a_host_bound_layer_waits_for_its_launches():
-    """After the dispatcher's sync the host launches the dispatch first, then the experts: the transfer runs in
-    the GPU's wait for those launches, so only what exceeds the wait is added (none when the wait is longer)."""
-    ep, compute = 8e-3, 4e-3
-    assert exposed_all_to_all_s(ep, compute, False, 0.0, 3e-3) == pytest.approx(5e-3)
-    assert exposed_all_to_all_s(ep, compute, False, 0.0, 9e-3) == 0.0
-    paired = exposed_all_to_all_s(ep, compute, True, 0.25)
-    assert exposed_all_to_all_s(ep, compute, True, 0.25, 1e-3) == pytest.approx(paired - 1e-3)
 
 
 def test_sixteen_local_fp8_experts_make_the_layer_host_bound():
@@ -171,10 +159,6 @@ def test_the_ep_overlap_adds_its_schedule_nodes_host_operations():
     import dataclasses
 
     from orchestrator.estimate.layer import LayerKey, rank_layer
-    from orchestrator.estimate.moe import COMBINED_1F1B_NODE_HOST_OPS, MOE_LAYER_NODES, combined_1f1b_host_s
-
-    assert COMBINED_1F1B_NODE_HOST_OPS == (4, 5) and MOE_LAYER_NODES == 4
-    assert combined_1f1b_host_s(4) == pytest.approx((16 * HOST_OP_S, 20 * HOST_OP_S))
     spec = load_spec(ROOT / "tests" / "data" / "published-specs" / "mbridge2511_qwen3_30b_a3b_fp8.yaml")
     ctx = EstimateContext.of(spec)
     key = LayerKey(tp=1, cp=1, ep=8, etp=1, mb=1, sp=False, recompute="none")
