@@ -83,8 +83,7 @@ def _gloo_reduce_scatter(nbytes: float, pl: Placement, hw: Hardware) -> Collecti
     (behind _reduce_scatter_base, torch/csrc/distributed/c10d/ProcessGroupGloo.cpp) clones each input,
     all-reduces the clone and copies the rank's chunk out. So an all-reduce of the whole buffer, plus the
     clone (read and write) and the chunk copy, memory-bound (docs/cost-model.md, "Gloo reduce-scatter")."""
-    ar = _nccl_collective("all_reduce", nbytes, pl.size, pl.per_node, pl.num_nodes, bus_bandwidth_Bps(pl, hw),
-                          hw.link, hw.latency_s)
+    ar = nccl_collective("all_reduce", nbytes, pl, hw)
     return CollectiveTime(ar.algorithm, ar.protocol, ar.seconds + 2 * nbytes * (1 + 1 / pl.size) / hw.hbm_Bps)
 
 

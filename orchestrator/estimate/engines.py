@@ -100,7 +100,11 @@ class TrainerModules:
     resident_per_layer: int     # tensors of a block under the persistence threshold (biases, norms)
     resident_outside: int       # the final norm's
     tensors_per_layer: int      # parameter tensors of a block (what the offload path walks one by one)
-    tensors_outside: int        # the embeddings', the output layer's and the final norm's
+
+    @property
+    def tensors_outside(self) -> int:
+        """Parameter tensors outside the blocks: the embeddings', the output layer's and the final norm's."""
+        return self.gathered_outside + self.resident_outside
 
 
 def reference_trainer_modules(h: int, bias_widths: tuple[int, ...], rmsnorm: bool, learned_positions: bool,
@@ -116,8 +120,7 @@ def reference_trainer_modules(h: int, bias_widths: tuple[int, ...], rmsnorm: boo
         gathered_outside=1 + (1 if learned_positions else 0) + (0 if tie_embeddings else 1),
         hooked_outside=3 + (0 if learned_positions else 1),
         resident_per_layer=sum(1 for w in bias_widths if w <= threshold) + 2 * norm_tensors,
-        resident_outside=norm_tensors, tensors_per_layer=5 + len(bias_widths) + 2 * norm_tensors,
-        tensors_outside=1 + (1 if learned_positions else 0) + (0 if tie_embeddings else 1) + norm_tensors)
+        resident_outside=norm_tensors, tensors_per_layer=5 + len(bias_widths) + 2 * norm_tensors)
 
 
 def grad_reduce_bytes(engine: str, precision: str, dtype_bytes: int) -> int:
@@ -255,8 +258,7 @@ def ds_zero3_runtime(version: str | None) -> Zero3Runtime:
     synchronous = v < DS_ASYNC_COALESCED_FETCH_SINCE
     return Zero3Runtime(synchronous_fetch=synchronous, list_gathers=v < DS_FLAT_GATHERS_SINCE,
                         list_reduce_scatters=not allreduce and synchronous, allreduce_gradients=allreduce,
-                        prefetch_elements=DS_LEGACY_PREFETCH_BUCKET_ELEMENTS if synchronous else 0,
-                        max_live_elements=0)
+                        prefetch_elements=DS_LEGACY_PREFETCH_BUCKET_ELEMENTS if synchronous else 0)
 
 
 def ds_pipeline_reduces_after_flush(engine: str, pp: int) -> bool:
