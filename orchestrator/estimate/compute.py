@@ -270,12 +270,12 @@ def loss_bytes_per_logit_moved(loss: str, e: int) -> float:
 
 
 @lru_cache(maxsize=16384)
-def embedding_time_s(shape: ModelShape, hw: Hardware, tp: int, mb: int) -> float:
+def embedding_time_s(shape: ModelShape, hw: Hardware, tp: int, mb: int, padded_vocab: int) -> float:
     """Embedding lookup forward and its gradient scatter-add backward, into a dense gradient of the whole
-    (vocab / tp) x h table that each micro-batch's backward zero-fills and the engine then accumulates into its
-    fp32 gradient buffer (docs/cost-model.md, "The embedding's dense gradient")."""
+    (padded vocab / tp) x h table that each micro-batch's backward zero-fills and the engine then accumulates
+    into its fp32 gradient buffer (docs/cost-model.md, "The embedding's dense gradient")."""
     tokens, e = shape.seq_length * mb, hw.dtype_bytes
-    table = shape.vocab_size / tp * shape.hidden_size
+    table = padded_vocab / tp * shape.hidden_size
     dense_grad = table * (e + e + 2 * FP32)       # zero-fill; accumulate: read it, read and write the fp32 buffer
     return (3 * e * tokens * shape.hidden_size + dense_grad) / hw.hbm_Bps + 6 * hw.kernel_gap_s
 

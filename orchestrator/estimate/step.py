@@ -383,7 +383,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     tp_exposed = (1 - tp_hidden) * tp_s
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
     head = slow * head_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
-    emb = slow * embedding_time_s(rshape, hw, tp, mb)
+    emb = slow * embedding_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
     overlap = uses_ep_overlap(ctx, lay)
     # the other micro-batch's GPU work hides the overlapped all-to-all; the GPU's wait for a host-bound layer's
     # launches (moe.py host_idle_s) hides it too, counted once

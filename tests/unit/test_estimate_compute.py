@@ -7,7 +7,7 @@ from orchestrator.estimate.compute import (causal_fraction, embedding_time_s, es
                                            matmul_time_s, straggler_factor)
 from orchestrator.estimate.cost import CostModel
 from orchestrator.estimate.hardware import hardware_for
-from orchestrator.estimate.params import model_shape
+from orchestrator.estimate.params import estimate_params, model_shape
 from orchestrator.spec_loader import parse_spec
 
 CEIL = 0.8
@@ -85,12 +85,16 @@ def test_h100_faster_than_a100_for_the_same_layer():
 
 def test_embedding_backward_pays_its_dense_gradient_table():
     """PyTorch's embedding backward zero-fills a dense (vocab / tp) x h gradient each micro-batch and the engine
-    accumulates it into the fp32 buffer: e + e + 8 bytes per table element, whatever the token count."""
-    spec = parse_spec({"name": "x", "model": {"preset": "gpt3-1.7b", "seq_length": 2048, "vocab_size": 131072},
+    accumulates it into the fp32 buffer: e + e + 8 bytes per element of the padded table (GPT-2's 50257 tokens
+    padded to 50304, the rows the step passes), whatever the token count."""
+    spec = parse_spec({"name": "x", "model": {"preset": "gpt3-1.7b", "seq_length": 2048, "vocab_size": 50257},
                        "cluster": {"gpu": "h100-sxm", "num_nodes": 1, "gpus_per_node": 8},
                        "training": {"global_batch_size": 8, "precision": "bf16"}})
     shape, hw = model_shape(spec), hardware_for(spec, CostModel())
+    padded = estimate_params(shape, 1).padded_vocab_size
+    assert padded > 50257
     lookup = 3 * 2 * 2048 * shape.hidden_size / hw.hbm_Bps
-    table = 131072 * shape.hidden_size * (2 + 2 + 8) / hw.hbm_Bps
-    assert embedding_time_s(shape, hw, 1, 1) == pytest.approx(lookup + table + 6 * hw.kernel_gap_s)
-    assert embedding_time_s(shape, hw, 2, 1) - embedding_time_s(shape, hw, 1, 1) == pytest.approx(-table / 2)
+    table = padded * shape.hidden_size * (2 + 2 + 8) / hw.hbm_Bps
+    assert embedding_time_s(shape, hw, 1, 1, padded) == pytest.approx(lookup + table + 6 * hw.kernel_gap_s)
+    assert embedding_time_s(shape, hw, 2, 1, padded) - embedding_time_s(shape, hw, 1, 1, padded) == \
+        pytest.approx(-table / 2)
