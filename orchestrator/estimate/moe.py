@@ -410,12 +410,7 @@ def all_to_all_s(nbytes: float, pl: Placement, hw: Hardware) -> float:
     if pl.size <= 1:
         return 0.0
     remote = (pl.size - pl.per_node) / (pl.size - 1)
-    link = "net" if pl.num_nodes > 1 else hw.link
-    lat = (NCCL_BASE_US[("ring", "Simple")] + NCCL_HOP_US.get(link, NCCL_HOP_US["net"])[("ring", "Simple")]) * US \
-        if hw.link != "loopback" else 2 * hw.latency_s
-    intra = nbytes * (1 - remote) / hw.intra_Bps
-    inter = nbytes * remote / hw.inter_Bps if remote else 0.0
-    return lat + max(intra, inter)
+    return split_all_to_all_s(nbytes * (1 - remote), nbytes * remote, pl, hw)
 
 
 def groups_reached(experts: int, topk: int, groups: int) -> float:
@@ -442,10 +437,15 @@ def flex_dispatch_bytes(token_bytes: float, experts: int, topk: int, pl: Placeme
 
 
 def split_all_to_all_s(intra_bytes: float, inter_bytes: float, pl: Placement, hw: Hardware) -> float:
-    """One exchange that sends ``intra_bytes`` over NVLink and ``inter_bytes`` over the network concurrently
-    (one p2p latency, as :func:`all_to_all_s`)."""
-    lat = (NCCL_BASE_US[("ring", "Simple")] + NCCL_HOP_US["net"][("ring", "Simple")]) * US
-    return lat + max(intra_bytes / hw.intra_Bps, inter_bytes / hw.inter_Bps)
+    """One exchange that sends ``intra_bytes`` inside the node (NVLink) and ``inter_bytes`` over the network
+    concurrently, as NCCL's send/recv pairs: one p2p latency (Simple protocol; gloo's on CPU), then the slower
+    of the two links."""
+    if pl.size <= 1:
+        return 0.0
+    link = "net" if pl.num_nodes > 1 else hw.link
+    lat = (NCCL_BASE_US[("ring", "Simple")] + NCCL_HOP_US.get(link, NCCL_HOP_US["net"])[("ring", "Simple")]) * US \
+        if hw.link != "loopback" else 2 * hw.latency_s
+    return lat + max(intra_bytes / hw.intra_Bps, inter_bytes / hw.inter_Bps if inter_bytes else 0.0)
 
 
 @dataclass(frozen=True)
