@@ -47,7 +47,7 @@ def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -
     fetches = m * passes * (layers * gathers_per_layer("deepspeed") + 1) * ctx.cost.zero3_fetch_host_s
     if ctx.hw.link != "loopback":
         return fetches
-    norms = 2 * layers + 1                                            # + the final norm; resident, hooks run
+    norms = 2 * layers + 1              # MoE on CPU (no trainer_modules): + the final norm; resident, hooks run
     return fetches + m * passes * norms * ctx.cost.zero3_resident_hook_host_s
 
 
@@ -80,11 +80,12 @@ def zero3_persistent_regather_s(ctx: EstimateContext, lay: Layout, layers: int) 
         return 0.0
     rt = ds_zero3_runtime(ctx.engine_version)
     shape, cost, n = ctx.shape, ctx.cost, grad_sync_size(lay)
-    resident = layers * (param_tensors_per_layer(shape.bias, shape.rmsnorm) - gathers_per_layer("deepspeed")) \
-        + (1 if shape.rmsnorm else 2)
     trainer = trainer_modules(ctx)
     if trainer is not None:
         resident = layers * trainer.resident_per_layer + trainer.resident_outside
+    else:
+        resident = layers * (param_tensors_per_layer(shape.bias, shape.rmsnorm) - gathers_per_layer("deepspeed")) \
+            + (1 if shape.rmsnorm else 2)
     if not rt.list_gathers:
         pl = group_placement(n, lay.tp, ctx.hw.gpus_per_node)
         return resident * all_gather_s(shape.hidden_size // lay.tp * ctx.hw.dtype_bytes, pl, ctx.hw)
@@ -97,11 +98,11 @@ def offload_host_s(ctx: EstimateContext, lay: Layout, layers: int) -> float:
     stage's layers, plus the embeddings and the final norm; on CPU, orch's trainer's: :func:`trainer_modules`)."""
     if ctx.engine != "deepspeed" or lay.offload == "none":
         return 0.0
-    shape = ctx.shape
-    tensors = layers * param_tensors_per_layer(shape.bias, shape.rmsnorm) + 2 + (1 if shape.rmsnorm else 2)
-    trainer = trainer_modules(ctx)
+    shape, trainer = ctx.shape, trainer_modules(ctx)
     if trainer is not None:
         tensors = layers * trainer.tensors_per_layer + trainer.tensors_outside
+    else:
+        tensors = layers * param_tensors_per_layer(shape.bias, shape.rmsnorm) + 2 + (1 if shape.rmsnorm else 2)
     return tensors * ctx.cost.offload_tensor_host_s
 
 
