@@ -30,7 +30,7 @@ FIGURES = {"intra_node_bandwidth_GBps": "intra_node_bandwidth_GBps",
 BOUNDS = {"intra_node_bandwidth_GBps": (1e-6, 1e5), "inter_node_bandwidth_GBps": (1e-6, 1e5),
           "allreduce_latency_s": (1e-9, 60.0), "gemm_flops": (1e3, 1e18), "gemm_sync_flops": (1e3, 1e18),
           "gemm_fp32_flops": (1e3, 1e18), "gemm_fp32_sync_flops": (1e3, 1e18),
-          "model_step_s": (1e-7, 3600.0)}
+          "model_step_s": (1e-7, 3600.0), "model_fwd_bwd_s": (1e-7, 3600.0), "model_optimizer_s": (1e-7, 3600.0)}
 MAX_RANKS = 10**7
 
 
@@ -59,6 +59,10 @@ def figure_problems(measured: dict, where: str) -> list[Problem]:
     mb = measured.get("model_step_micro_batch")
     if mb is not None and (not isinstance(mb, int) or isinstance(mb, bool) or mb < 1):
         problems.append(Problem(f"{where}: measured.model_step_micro_batch", f"{mb!r} is not an integer >= 1",
+                                "re-measure with `orch doctor`"))
+    params = measured.get("model_optimizer_params")
+    if params is not None and (not isinstance(params, int) or isinstance(params, bool) or params < 1):
+        problems.append(Problem(f"{where}: measured.model_optimizer_params", f"{params!r} is not an integer >= 1",
                                 "re-measure with `orch doctor`"))
     ranks = measured.get("allreduce_latency_ranks")
     if ranks is not None and (not _number(ranks) or not isinstance(ranks, int) or not 1 <= ranks <= MAX_RANKS):
@@ -128,8 +132,8 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
             kernels = kernel_mix_terms(spec, measured, dataclasses.replace(base, **terms), gpu)
             if kernels is not None:      # the trainer's own kernels measured: they set the rank's speed
                 fraction, core = kernels
-                source = "model_step_s"
-                figures["matmul_efficiency"] = {"value": core["matmul_efficiency"], "from": "measured.model_step_s"}
+                source = "model_fwd_bwd_s" if "optimizer_params_per_s" in core else "model_step_s"
+                figures["matmul_efficiency"] = {"value": core["matmul_efficiency"], "from": f"measured.{source}"}
             else:
                 fraction = core_fraction(measured, gpu)
                 core = cpu_core_terms(dataclasses.replace(base, **terms), gpu, fraction)
@@ -137,6 +141,10 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
             for field, value in core.items():
                 figures[field] = {**figures.get(field, {}), "value": value, "from": f"measured.{source}",
                                   "core_fraction": fraction}
+            if "optimizer_params_per_s" in core:
+                figures["optimizer_params_per_s"] = {"value": core["optimizer_params_per_s"],
+                                                     "from": "measured.model_optimizer_s",
+                                                     "params": measured["model_optimizer_params"]}
     cost = dataclasses.replace(base, **terms)
     return cost, {"source": str(path), "doctor_time_unix": data.get("time_unix"), "backend": data.get("backend"),
                   "figures": figures}
@@ -152,10 +160,10 @@ def core_fraction(measured: dict, gpu) -> float:
     return float(rate) / (gpu.peak_for("fp32") * gpu.matmul_efficiency * gpu.sustained_clock_fraction)
 
 
-def catalog_micro_batch_s(spec: Spec, cost: CostModel, micro_batch: int) -> float:
+def catalog_micro_batch_s(spec: Spec, cost: CostModel, micro_batch: int, *, optimizer: bool = True) -> float:
     """What the cost model charges one CPU rank for the doctor's model probe (probe.measure_model_step): the
     whole model's forward and backward on one micro-batch (the step's compute over its micro-batches, at
-    tp = pp = dp = 1) plus the optimizer step over every parameter."""
+    tp = pp = dp = 1) plus, with ``optimizer``, the optimizer step over every parameter."""
     from ..estimate.estimate_context import EstimateContext  # noqa: PLC0415
     from ..estimate.step import estimate  # noqa: PLC0415
     from ..layout import Layout  # noqa: PLC0415
@@ -164,7 +172,7 @@ def catalog_micro_batch_s(spec: Spec, cost: CostModel, micro_batch: int) -> floa
                  recompute="none", offload="none")
     ctx = dataclasses.replace(EstimateContext.of(spec, cost), global_batch=micro_batch)   # one micro-batch
     b = estimate(ctx, lay).breakdown
-    return b.compute_s + b.optimizer_s
+    return b.compute_s + (b.optimizer_s if optimizer else 0.0)
 
 
 def kernel_mix_terms(spec: Spec, measured: dict, cost: CostModel, gpu, rounds: int = 4) -> tuple[float, dict] | None:
@@ -176,18 +184,40 @@ def kernel_mix_terms(spec: Spec, measured: dict, cost: CostModel, gpu, rounds: i
     rate does not tell, and which a loaded core (neighbours evicting its caches) slows more than a GEMM that
     lives in L2. So on CPU the fraction comes from the trainer's kernels themselves: every rate and host time
     of the rank (:func:`cpu_core_terms`, the GEMM ceiling too) scales by one fraction, solved so the model's
-    micro-batch matches the measurement (a few fixed-point rounds: the shape terms are not exactly linear)."""
+    micro-batch matches the measurement (a few fixed-point rounds: the shape terms are not exactly linear).
+
+    Where the probe timed its two parts (``model_fwd_bwd_s``, ``model_optimizer_s`` over
+    ``model_optimizer_params``), the fraction is solved on the forward and backward alone and the optimizer
+    step's own rate is taken as measured (CostModel.optimizer_params_per_s). One fraction for the sum charged
+    the whole-model Adam step at the DRAM rate (80 bytes a parameter, compute.py) although tiny-gpt's states
+    live in the core's caches: measured alone on this CPU, mb 1, its step is 3.4 ms of 17.3 where the model
+    charged 6.3 of 20, which left the fitted forward and backward ~15% fast, and a pp = 2 stage, which runs
+    half the forward and backward per micro-batch but one step of half the parameters, faster still."""
     step_s, mb = measured.get("model_step_s"), measured.get("model_step_micro_batch")
     if not _number(step_s) or step_s <= 0 or not isinstance(mb, int) or mb < 1:
         return None
+    split = _probe_parts(measured)
     base = dataclasses.replace(cost, matmul_efficiency=None)
+    extra = {}
+    if split is not None:
+        step_s, extra = split[0], {"optimizer_params_per_s": split[1]}
     sustained = gpu.matmul_efficiency * gpu.sustained_clock_fraction
     fraction, terms = 1.0, {}
     for _ in range(rounds):
         terms = {**cpu_core_terms(base, gpu, fraction), "matmul_efficiency": min(1.0, sustained * fraction)}
-        fraction *= catalog_micro_batch_s(spec, dataclasses.replace(base, **terms), mb) / step_s
-    terms = {**cpu_core_terms(base, gpu, fraction), "matmul_efficiency": min(1.0, sustained * fraction)}
+        charged = catalog_micro_batch_s(spec, dataclasses.replace(base, **terms), mb, optimizer=split is None)
+        fraction *= charged / step_s
+    terms = {**cpu_core_terms(base, gpu, fraction), "matmul_efficiency": min(1.0, sustained * fraction), **extra}
     return fraction, terms
+
+
+def _probe_parts(measured: dict) -> tuple[float, float] | None:
+    """(forward + backward seconds, optimizer parameters per second) of the model probe, or None where
+    doctor.json has only the whole step (a doctor before the parts were timed)."""
+    fb, opt, params = (measured.get(k) for k in ("model_fwd_bwd_s", "model_optimizer_s", "model_optimizer_params"))
+    if not (_number(fb) and fb > 0 and _number(opt) and opt > 0 and isinstance(params, int) and params > 0):
+        return None
+    return float(fb), params / float(opt)
 
 
 def cpu_core_terms(cost: CostModel, gpu, fraction: float) -> dict:

@@ -89,9 +89,12 @@ def model_probe_fits(spec) -> bool:
 def measure_model_step(torch, model_spec, micro_batch: int, seconds: float, windows: int, barrier) -> dict:
     """Seconds of one training micro-batch of the whole model on this rank: forward, backward and the optimizer
     step (PyTorch's single-tensor AdamW, as DeepSpeed's ``torch_adam`` on CPU runs it), in ``windows`` windows
-    started together (``barrier``); each window's median step. What the trainer's kernels achieve here: its small
+    started together (``barrier``); each window's median step, and the median of its two parts (forward +
+    backward, then the optimizer step with its zero_grad). What the trainer's kernels achieve here: its small
     GEMMs, its memory-bound passes and autograd's per-op dispatch, at the trainer's thread count, while the
-    other ranks run theirs on the same cores (a lone GEMM of the GEMM probe is none of these)."""
+    other ranks run theirs on the same cores (a lone GEMM of the GEMM probe is none of these). The parts are
+    kept apart because they scale differently with the layout: a pipeline stage runs part of the forward and
+    backward per micro-batch but steps its own parameters once per step (doctor/measured.py)."""
     from ..train.model import GPT  # noqa: PLC0415
 
     torch.manual_seed(0)
@@ -99,23 +102,27 @@ def measure_model_step(torch, model_spec, micro_batch: int, seconds: float, wind
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     tokens = torch.randint(0, model_spec.vocab_size, (micro_batch, model_spec.seq_length))
 
-    def step() -> float:
+    def step() -> tuple[float, float]:
         t0 = time.perf_counter()
         model(tokens, tokens).backward()
+        t1 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=False)
-        return time.perf_counter() - t0
+        return t1 - t0, time.perf_counter() - t1
 
     step()
     step()
-    out = []
+    out, fwd_bwd, optim = [], [], []
     for _ in range(windows):
         barrier()
         times, t0 = [], time.perf_counter()
         while not times or time.perf_counter() - t0 < seconds / windows:
             times.append(step())
-        out.append(statistics.median(times))   # the typical step, as cpu_rate and orch compare read a run
-    return {"micro_batch": micro_batch, "window_s": out, "step_s": min(out)}
+        out.append(statistics.median(a + b for a, b in times))   # the typical step, as cpu_rate and compare read a run
+        fwd_bwd.append(statistics.median(a for a, _ in times))
+        optim.append(statistics.median(b for _, b in times))
+    return {"micro_batch": micro_batch, "window_s": out, "step_s": min(out), "fwd_bwd_window_s": fwd_bwd,
+            "optimizer_window_s": optim, "optimizer_params": sum(p.numel() for p in model.parameters())}
 
 
 def micro_batch_of(chosen: dict, spec) -> int:

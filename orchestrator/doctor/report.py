@@ -244,6 +244,13 @@ def measured_figures(ranks: list[dict]) -> dict:
         if sync:
             out["model_step_s"] = sync
             out["model_step_micro_batch"] = steps[0]["micro_batch"]
+        parts = {"model_fwd_bwd_s": "fwd_bwd_window_s", "model_optimizer_s": "optimizer_window_s"}
+        if all(s.get(key) for s in steps for key in parts.values()):    # a doctor of stop 25 on: the two parts
+            for name, key in parts.items():
+                value = synchronous_seconds([s[key] for s in steps])
+                if value:
+                    out[name] = value
+            out["model_optimizer_params"] = steps[0]["optimizer_params"]
     coll = _collectives(ranks)
     if "intra_node" in coll:
         out["intra_node_bandwidth_GBps"] = min(v["all_reduce"]["busbw_GBps"] for v in coll["intra_node"].values())

@@ -134,6 +134,11 @@ class CostModel:
     # (Ren et al. 2021, arXiv 2101.06840) reports ~1B-parameter steps in a few tenths of a second on a
     # full server; one of 8 processes per node gets its share of the cores.
     cpu_adam_params_per_s: float = 1.5e9
+    # The unfused (single-tensor) Adam step's rate on a CPU rank, parameters per second, where `orch doctor`
+    # timed it (doctor.json measured.model_optimizer_s over model_optimizer_params; --measured sets it): the
+    # tiny models of the CPU target step tensors that live in the core's caches, which the DRAM bandwidth
+    # ADAM_UNFUSED_BYTES_PER_PARAM is charged at (compute.py optimizer_step_s) does not describe. None: that.
+    optimizer_params_per_s: Optional[float] = None
     # Host time per parameter tensor and step of DeepSpeed's optimizer-offload path: with offload_optimizer
     # ZeRO copies each gradient into its host fp32 partition and computes its norm tensor by tensor in
     # Python (stage3.py / stage_1_and_2.py: the per-parameter loops of partition_grads and

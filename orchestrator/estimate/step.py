@@ -611,14 +611,21 @@ def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int, l
         else stage_params
     if lay.offload == "none":
         # On CPU orch writes torch_adam (render/deepspeed.py): PyTorch's unfused single-tensor Adam.
-        return optimizer_step_s(owned, hw, fused=ctx.gpu != "cpu") + _grad_buffer_zero_s(ctx, lay, stage_params,
-                                                                                          owned), 0.0
+        return _adam_s(ctx, owned) + _grad_buffer_zero_s(ctx, lay, stage_params, owned), 0.0
     pcie = 2 * hw.dtype_bytes * owned / hw.host_Bps          # gradients down, parameters up
-    adam = owned / ctx.cost.cpu_adam_params_per_s if ctx.gpu != "cpu" else optimizer_step_s(owned, hw, fused=False)
+    adam = owned / ctx.cost.cpu_adam_params_per_s if ctx.gpu != "cpu" else _adam_s(ctx, owned)
     fetch = 0.0
     if lay.offload == "optimizer+params":                     # every forward and backward reads them back
         fetch = m * (3 if lay.recompute == "full" else 2) * hw.dtype_bytes * owned / hw.host_Bps
     return adam + pcie, fetch
+
+
+def _adam_s(ctx: EstimateContext, owned: float) -> float:
+    """The Adam step over ``owned`` parameters on the device: fused on a GPU; on CPU PyTorch's single-tensor
+    Adam, at the rate `orch doctor` timed where --measured gives one (CostModel.optimizer_params_per_s)."""
+    if ctx.gpu == "cpu" and ctx.cost.optimizer_params_per_s:
+        return owned / ctx.cost.optimizer_params_per_s
+    return optimizer_step_s(owned, ctx.hw, fused=ctx.gpu != "cpu")
 
 
 def _grad_buffer_zero_s(ctx: EstimateContext, lay: Layout, stage_params: float, owned: float) -> float:
