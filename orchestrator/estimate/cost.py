@@ -207,7 +207,7 @@ def _in_range(key: str, value: Any) -> bool:
         return key == "fused_grad_accumulation"
     if value is None:
         return key in ("matmul_efficiency", "attention_efficiency", "gelu_elems_per_s", "intra_node_bandwidth_GBps",
-                       "inter_node_bandwidth_GBps")
+                       "inter_node_bandwidth_GBps", "optimizer_params_per_s")
     if not isinstance(value, (int, float)) or isinstance(value, float) and not math.isfinite(value) or value < 0:
         return False
     for ending, lo, hi in _BOUNDS:
