@@ -8,7 +8,7 @@
   (the Megatron-LM / NeMo runs on Transformer Engine).
 * ``fa2`` (FlashAttention-2, also PyTorch SDPA's flash backend) and ``flash_attn_triton`` (flash-attn 1.x's
   Triton kernel, llm-foundry's MPT ``attn_impl: triton``): measured rates where catalog/attention.py lists
-  them (A100 80GB), else the catalog figure.
+  them (A100 80GB; FlashAttention-2 on the H100 80GB too), else the catalog figure.
 
 A measured rate is read off the benchmark's sequence lengths, interpolated linearly in log2(sequence length)
 between them and held at the end values outside (the kernels' efficiency rises with the number of key blocks a

@@ -61,7 +61,7 @@ def test_interpolation_in_log_seq_and_head_dim_and_held_outside():
 
 def test_unmeasured_kernels_and_gpus_fall_back_to_the_catalog():
     assert measured_attention_flops("catalog", A100, 128, 2048) is None
-    assert measured_attention_flops("fa2", "h100-sxm", 128, 2048) is None
+    assert measured_attention_flops("fa2", "h200", 128, 2048) is None
     with pytest.raises(ValueError, match="flash_attn_triton"):
         measured_attention_flops("triton", A100, 128, 2048)
 
@@ -95,10 +95,30 @@ def test_catalog_kernel_keeps_the_catalog_figure():
     layer = estimate_layer_time(_shape(16, "catalog"), hw, 1, 8, False, "none")
     flops = 4.0 * 8 * 16 * 2048**2 * 128 * causal_fraction(2048)
     assert layer.attention_forward_s == pytest.approx(flops / (hw.peak_flops * hw.attention_efficiency))
-    # a kernel measured only on the A100 runs at the catalog figure elsewhere
+    # a kernel measured only on the A100 and H100 runs at the catalog figure elsewhere
+    b200 = hardware_for(_spec("b200"), CostModel())
+    assert (estimate_layer_time(_shape(16, "fa2"), b200, 1, 8, False, "none")
+            == estimate_layer_time(_shape(16, "catalog"), b200, 1, 8, False, "none"))
+
+
+def test_h100_fa2_rates_combine_the_fa3_papers_forward_and_backward_bars():
+    """FlashAttention-3's paper prints FlashAttention-2's H100 forward (causal and not) and unmasked backward;
+    the causal forward + backward adds the two passes as time, the backward masked as the forward is."""
+    from orchestrator.catalog.attention import fwd_bwd_rates
+
+    f, n, b = 319.0, 368.0, 310.0                      # head dim 128, 4k: forward causal, unmasked; backward
+    expected = 3.5 / (1 / f + 2.5 / (b * f / n))
+    assert fwd_bwd_rates((f,), (n,), (b,)) == (round(expected, 1),)
+    assert measured_attention_flops("fa2", "h100-sxm", 128, 4096) == pytest.approx(expected * 1e12, rel=1e-3)
+    # FlashAttention-2 is not written for Hopper: on the H100 it runs well below the catalog's fused kernel
+    # (cuDNN / Transformer Engine; the paper's cuDNN bars are 1.6x its FlashAttention-2 bars at 4k)
     h100 = hardware_for(_spec("h100-sxm"), CostModel())
-    assert (estimate_layer_time(_shape(16, "fa2"), h100, 1, 8, False, "none")
-            == estimate_layer_time(_shape(16, "catalog"), h100, 1, 8, False, "none"))
+    fa2 = estimate_layer_time(_shape(16, "fa2", seq=4096), h100, 1, 8, False, "none").attention_forward_s
+    catalog = estimate_layer_time(_shape(16, "catalog", seq=4096), h100, 1, 8, False, "none").attention_forward_s
+    assert 1.3 < fa2 / catalog < 1.8
+    # and above its A100 rate, below the H100's peak ratio to the A100 (3.2x)
+    assert 1.3 < measured_attention_flops("fa2", "h100-sxm", 128, 4096) / measured_attention_flops(
+        "fa2", A100, 128, 4096) < 2.0
 
 
 def test_orch_runs_use_the_catalog_and_published_runs_their_kernel():
