@@ -68,7 +68,8 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None) -> Sear
     (EstimateContext.of)."""
     ctx = EstimateContext.of(spec, cost)
     rejected: list[Problem] = []
-    scored = list(_scored_layouts(ctx, enumerate_layouts(spec, rejected)))
+    prune = layout_from_spec(spec).recompute_modules is None   # module sets the spec fixed are never pruned
+    scored = list(_scored_layouts(ctx, enumerate_layouts(spec, rejected), prune_modules=prune))
     if not scored:
         example = f"; e.g. {rejected[0]}" if rejected else ""
         raise SpecError(Problem("parallelism", "no layout satisfies the rules with the fixed fields "
@@ -166,14 +167,17 @@ def _score(ctx: EstimateContext, lay: Layout, mem=None) -> _Scored:
     return _Scored(step_timing(ctx, lay).step_time_s, mem.total_bytes, mem.fits, mem.within_headroom, lay, overflow)
 
 
-def _scored_layouts(ctx: EstimateContext, layouts: Iterator[Layout]) -> Iterator[_Scored]:
+def _scored_layouts(ctx: EstimateContext, layouts: Iterator[Layout],
+                    prune_modules: bool = True) -> Iterator[_Scored]:
     """Each layout scored, but a module-recompute candidate that cannot pay off: its layout already fits
     within the headroom with less recompute (none, or a lighter module set: enumerated before it,
-    :data:`MOE_MODULE_SETS`), its model states alone exceed the GPU without recompute, or it does not fit."""
+    :data:`MOE_MODULE_SETS`), its model states alone exceed the GPU without recompute, or it does not fit.
+    Only candidates the planner made are pruned (``prune_modules``): a module set the spec fixed is scored, so a
+    layout that does not fit is refused for its memory (NoFitError), not as if no layout met the rules."""
     fit_lighter: set[Layout] = set()
     hopeless: set[Layout] = set()
     for lay in layouts:
-        modules = lay.recompute_modules is not None
+        modules = prune_modules and lay.recompute_modules is not None
         if not modules and lay.recompute != "none":
             yield _score(ctx, lay)
             continue

@@ -164,3 +164,21 @@ def test_bloom_plans_its_published_uneven_split():
 
     chosen = search(throughput_spec(BLOOM_176B), top_k=1).chosen
     assert chosen.layout.tag() == "tp4-pp12-f5l5-dp8-z1-mb2" and chosen.fits
+
+
+def test_a_fixed_module_recompute_that_does_not_fit_is_refused_for_its_memory():
+    """A fully fixed layout with recompute_modules (gpt-oss-120b's published layout at ZeRO-0: ~81 GiB of model
+    states and activations on an 80 GB H100) is refused as not fitting, with the memory breakdown; the planner's
+    pruning of its own module-recompute candidates once dropped it and said no layout met the rules."""
+    from pathlib import Path
+
+    from orchestrator.spec import read_spec_data
+
+    specs = Path(__file__).parents[1] / "data" / "published-specs"
+    data = read_spec_data(specs / "mbridge2511_gpt_oss_120b_bf16.yaml")
+    assert data["parallelism"]["recompute_modules"] == ["layernorm", "moe_act"]
+    data["parallelism"]["zero_stage"] = 0
+    with pytest.raises(NoFitError) as err:
+        search(parse_spec(data), top_k=1)
+    message = str(err.value)
+    assert "capacity per GPU" in message and "no layout satisfies the rules" not in message
