@@ -84,8 +84,8 @@ DISPATCH_HOST_OPS = 12
 # (handle_custom_ddp_from_mcore: torch.empty), freeing the saved input (clear_tensor_data), restoring the saved
 # tensors: 6. Backward, FP8: the two GEMMs, the quantized gradient (4 and its cast kernel), the weight's usage
 # update, the placeholder, the free, the restore: 11. The gradient hooks of the expert's parameters come on top
-# (EXPERT_GRAD_HOOKS). (Delayed scaling keeps one cast kernel per expert although TE 2.9 fuses it over the
-# experts, multi_tensor_quantize_impl: its per-expert tensors are still built one by one.)
+# (EXPERT_GRAD_HOOKS). (Delayed scaling's cast is one fused kernel per linear, not per expert:
+# DELAYED_CAST_PER_LINEAR; its per-expert tensors are still built one by one.)
 GROUPED_LINEAR_HOST_OPS = {False: (3, 6), True: (10, 11)}   # fp8 -> (forward, backward), per expert and linear
 EXPERT_LINEARS = 2
 EXPERT_HOST_OPS = {fp8: (EXPERT_LINEARS * f, EXPERT_LINEARS * b) for fp8, (f, b) in GROUPED_LINEAR_HOST_OPS.items()}
@@ -106,6 +106,11 @@ EXPERT_GRAD_HOOKS = 2        # fc1 and fc2 weights; biases add as many (moe_bloc
 # scaling EXPERT_HOST_OPS keeps one op per expert cast although TE 2.9 fuses the kernel over the experts:
 # multi_tensor_quantize still creates each expert's output tensors one by one; left as it was.)
 CURRENT_SCALING_EXTRA_HOST_OPS = (4, 4)
+# Delayed scaling casts a GroupedLinear's inputs (forward) and output gradients (backward) with one fused kernel
+# over its experts (TE 2.9 cast.cpp multi_tensor_quantize_impl: with_fused_kernel for Float8Quantizer outputs,
+# nvte_multi_cast_transpose): one launch per linear and direction, where GROUPED_LINEAR_HOST_OPS counts one
+# cast per expert (found by benchmarks/layout_neighbours.py's review; no published run trains delayed scaling).
+DELAYED_CAST_PER_LINEAR = 1
 # Transformer Engine runs a GroupedLinear's per-expert GEMMs as separate cuBLAS(Lt) calls on its own compute
 # streams ("multi-stream cuBLAS": TE pull request #853; TE issue #1386, a maintainer: batched GEMM cannot take
 # different sizes and cuBLAS's grouped API and CUTLASS grouped kernels were slower or lacked FP8, so TE keeps
@@ -263,7 +268,15 @@ def expert_host_ops(fp8: bool, recipe: str = FP8_RECIPE) -> tuple[int, int]:
     if fp8 and recipe == "tensorwise":
         extra_f, extra_b = CURRENT_SCALING_EXTRA_HOST_OPS
         per_f, per_b = per_f + extra_f, per_b + extra_b
+    elif fp8:          # delayed scaling: the fused cast is per linear (module_cast_ops), not per expert
+        per_f, per_b = per_f - EXPERT_LINEARS, per_b - EXPERT_LINEARS
     return per_f, per_b
+
+
+def module_cast_ops(fp8: bool, recipe: str = FP8_RECIPE) -> int:
+    """Cast launches per MoE layer and direction that do not grow with the local experts: delayed scaling's one
+    fused multi-tensor cast per GroupedLinear; none in BF16 or with current scaling (whose casts are per expert)."""
+    return EXPERT_LINEARS * DELAYED_CAST_PER_LINEAR if fp8 and recipe != "tensorwise" else 0
 
 
 def expert_cast_kernels(local_experts: int, fp8: bool, recipe: str = FP8_RECIPE) -> int:
@@ -310,8 +323,9 @@ def moe_block_host_s(shape: ModelShape, ep: int, fp8: bool, recipe: str = FP8_RE
     per_b += EXPERT_GRAD_HOOKS * (2 if shape.bias else 1)
     if shape.bias:     # TEGroupedMLP's per-expert bias loop: one host operator per kernel (eager_ops.py)
         per_f, per_b = per_f + EXPERT_BIAS_KERNELS[0], per_b + EXPERT_BIAS_KERNELS[1]
-    fwd = ROUTER_KERNELS + DISPATCH_HOST_OPS + per_f * local
-    bwd = 2 * (ROUTER_KERNELS + DISPATCH_HOST_OPS) + per_b * local
+    casts = module_cast_ops(fp8, recipe)
+    fwd = ROUTER_KERNELS + DISPATCH_HOST_OPS + casts + per_f * local
+    bwd = 2 * (ROUTER_KERNELS + DISPATCH_HOST_OPS) + casts + per_b * local
     return fwd * HOST_OP_S, bwd * HOST_OP_S
 
 

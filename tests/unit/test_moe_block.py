@@ -183,8 +183,9 @@ def test_the_ep_overlap_saving_matches_megatron_bridges_measured_a_b():
 
 def test_current_scaling_adds_two_launches_to_every_per_expert_cast():
     """Transformer Engine 2.9 casts a GroupedLinear's inputs one expert at a time unless the recipe is delayed
-    scaling, and a current-scaling cast is amax + scale + cast: per local expert, 2 casts forward and 2 backward
-    each gain 2 launches; BF16 and orch's delayed scaling keep their counts."""
+    scaling (one fused cast per linear), and a current-scaling cast is amax + scale + cast: per local expert, 2
+    casts forward and 2 backward of 3 launches each, against delayed scaling's 2 fused casts per layer and
+    direction; BF16 keeps its count."""
     shape = model_shape(parse_spec({"name": "t", "model": {"preset": "qwen3-30b-a3b"},
                                     "cluster": {"gpu": "h100-sxm", "num_nodes": 2, "gpus_per_node": 8},
                                     "training": {"global_batch_size": 64, "precision": "fp8",
@@ -192,11 +193,16 @@ def test_current_scaling_adds_two_launches_to_every_per_expert_cast():
     local = shape.moe.num_experts // 8
     delayed, tensorwise = moe_block_host_s(shape, 8, True), moe_block_host_s(shape, 8, True, "tensorwise")
     assert moe_block_host_s(shape, 8, True, "delayed") == delayed
-    assert (tensorwise[0] - delayed[0], tensorwise[1] - delayed[1]) == \
-        pytest.approx((4 * local * HOST_OP_S, 4 * local * HOST_OP_S))
+    extra = (6 * local - 2) * HOST_OP_S           # 3 launches x 2 casts per expert, less the 2 fused casts
+    assert (tensorwise[0] - delayed[0], tensorwise[1] - delayed[1]) == pytest.approx((extra, extra))
     assert moe_block_host_s(shape, 8, False, "tensorwise") == moe_block_host_s(shape, 8, False)
     assert after_sync_host_s(shape, 8, True, "tensorwise") - after_sync_host_s(shape, 8, True) == \
-        pytest.approx(4 * local * HOST_OP_S)
+        pytest.approx(extra)
+    # delayed scaling's cast launches do not grow with the local experts
+    per_16, per_8 = moe_block_host_s(shape, 8, True), moe_block_host_s(shape, 16, True)
+    bf16_16, bf16_8 = moe_block_host_s(shape, 8, False), moe_block_host_s(shape, 16, False)
+    # per expert forward: FP8 2 x 10 less the 2 casts fused per linear, BF16 2 x 3: 12 more
+    assert (per_16[0] - per_8[0]) - (bf16_16[0] - bf16_8[0]) == pytest.approx((local // 2) * 12 * HOST_OP_S)
 
 
 def test_current_scaling_lengthens_the_dropless_layer_on_nvidias_qwen3_30b_layout():
