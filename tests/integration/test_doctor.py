@@ -46,7 +46,11 @@ def test_local_healthy_two_ranks_pass_and_write_doctor_json(tmp_path):
     assert plan["measured"]["figures"]["intra_node_bandwidth_GBps"]["value"] == \
         report["measured"]["intra_node_bandwidth_GBps"] == plan["cost_model"]["intra_node_bandwidth_GBps"]
     assert {"collective_latency_s", "matmul_efficiency"} <= set(plan["measured"]["figures"])
-    assert plan["measured"]["figures"]["kernel_gap_s"]["from"] == "measured.model_step_s"
+    # the probe's forward + backward sets the core's speed, its optimizer step the Adam rate
+    assert plan["measured"]["figures"]["kernel_gap_s"]["from"] == "measured.model_fwd_bwd_s"
+    assert report["measured"]["model_fwd_bwd_s"] + report["measured"]["model_optimizer_s"] == \
+        pytest.approx(report["measured"]["model_step_s"], rel=0.5)
+    assert plan["measured"]["figures"]["optimizer_params_per_s"]["from"] == "measured.model_optimizer_s"
     hop = plan["measured"]["figures"]["collective_latency_s"]
     assert hop["value"] == pytest.approx(report["measured"]["allreduce_latency_s"] / 3)   # 2 ranks: 1 + 2 hops
 
