@@ -77,9 +77,9 @@ class CostModel:
     tp_overlap: float = 0.0
     # ... unless sequence parallelism runs with --tp-comm-overlap on an NVLink GPU (catalog
     # ``tp_comm_overlap``; orch emits the flag then): Transformer Engine splits each TP GEMM into chunks
-    # and moves one chunk's all-gather / reduce-scatter while the previous chunk computes. The first
-    # chunk's transfer and the SMs the copy engines' traffic contends with stay exposed: we take a quarter
-    # (our estimate, not measured here; calibration can replace it).
+    # and moves one chunk's all-gather / reduce-scatter while the previous chunk computes. Dense layers are
+    # counted GEMM by GEMM (estimate/tp_overlap.py); for MoE layers a quarter stays exposed (our estimate,
+    # not measured here).
     tp_comm_overlap: float = 0.75
     # Pipeline p2p in 1F1B: send/recv pairs are waited on before the next micro-batch; none hidden.
     pp_overlap: float = 0.0

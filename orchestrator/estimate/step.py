@@ -49,7 +49,8 @@ from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimat
 from .params import (ModelShape, ParamsEstimate, ds_layer_modules, estimate_params, expert_params_per_layer_per_rank,
                      largest_module_per_rank, layer_params_per_rank)
 from .pipeline import bubble_fraction, pipeline_time_s
-from .precision import fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
+from .tp_overlap import userbuffers_exposed_s
+from .precision import fp8_gemm_hardware, fp8_saved_activation_bytes, fp8_saved_moe_mlp_bytes, fp8_weight_bytes, weight_cast_s
 from .uncertainty import layout_uncertainty, regime_of
 
 
@@ -379,8 +380,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     if distributed_saved_input(ctx, lay):   # the backward's all-gather of the split input, before the recompute
         full_input = tokens * shape.hidden_size * hw.dtype_bytes
         tp_bytes, tp_s = tp_bytes + ring_bytes(full_input, tp, "all_gather"), tp_s + all_gather_s(full_input, tp_pl, hw)
-    tp_hidden = tp_overlap_fraction(cost, hw, lay)
-    tp_exposed = (1 - tp_hidden) * tp_s
+    tp_exposed = tp_exposed_per_layer_s(ctx, lay, rshape, tokens, tp_pl, tp_s)
     slow = straggler_factor(hw.world_size, cost.gpu_speed_spread)
     head = slow * head_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
     emb = slow * embedding_time_s(rshape, hw, tp, mb, params.padded_vocab_size)
@@ -431,7 +431,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     # sizes its GEMMs for the SMs its userbuffers leave (math_sm_count), the expert exchange keeps the SM share
     nccl_hidden = (dp_comm.time_s - dp_comm.exposed_s) + pp_hidden
     sm_share = min(1.0, cost.comm_channels / hw.num_sms)
-    contention = sm_share * (tp_hidden * tp_total + ep_hidden) + contention_s(
+    tp_hidden_total = m * stage_layers * max(0.0, tp_s - tp_exposed)
+    contention = sm_share * (tp_hidden_total + ep_hidden) + contention_s(
         nccl_hidden, nccl_overlap_slowdown(layer_gemms(rshape, tp, tokens), _gemm_share(layer), hw,
                                            cost.comm_channels))
     step = (pipe + dp_comm.exposed_s + optimizer_s + offload_s + emb_sync + fetch_host_s + contention
@@ -439,7 +440,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     comm = CommEstimate(dp_bytes=dp_comm.bytes, tp_bytes=m * stage_layers * tp_bytes, pp_bytes=pp_bytes,
                         dp_s=dp_comm.time_s, tp_s=tp_total, pp_s=pp_s, dp_exposed_s=dp_comm.exposed_s,
                         dp_reduce_s=dp_comm.reduce_s,
-                        tp_exposed_s=(1 - tp_hidden) * tp_total,
+                        tp_exposed_s=tp_total - tp_hidden_total,
                         pp_exposed_s=m * x_exposed + emb_sync + pp_fill_s,
                         ep_bytes=m * stage_layers * rl.ep_bytes, ep_s=m * stage_layers * rl.ep_s,
                         ep_exposed_s=m * stage_layers * ep_exposed,
@@ -596,8 +597,22 @@ def uses_tp_comm_overlap(hw: Hardware, lay: Layout) -> bool:
 
 
 def tp_overlap_fraction(cost: CostModel, hw: Hardware, lay: Layout) -> float:
-    """Share of the tensor-parallel collectives hidden behind compute."""
+    """Share of the tensor-parallel collectives hidden behind compute (without a per-GEMM model)."""
     return cost.tp_comm_overlap if uses_tp_comm_overlap(hw, lay) else cost.tp_overlap
+
+
+def tp_exposed_per_layer_s(ctx: EstimateContext, lay: Layout, rshape: ModelShape, tokens: int, tp_pl: Placement,
+                           tp_s: float) -> float:
+    """Exposed TP communication of one layer for one micro-batch. Dense layers under --tp-comm-overlap: Transformer
+    Engine's userbuffers, GEMM by GEMM (estimate/tp_overlap.py); MoE layers (their experts' collectives are not
+    the fc1 / fc2 userbuffers) and no overlap: the share of CostModel (tp_comm_overlap, tp_overlap)."""
+    cost, hw = ctx.cost, ctx.hw
+    if not uses_tp_comm_overlap(hw, lay) or rshape.moe is not None:
+        return (1 - tp_overlap_fraction(cost, hw, lay)) * tp_s
+    fp8 = ctx.precision == "fp8"
+    gemm_hw = fp8_gemm_hardware(hw, ctx.gpu) if fp8 else hw
+    return min(tp_s, userbuffers_exposed_s(rshape, lay.tp, tokens, tp_pl, hw, gemm_hw, fp8,
+                                           recomputed_forward=lay.recompute == "full"))
 
 
 def _optimizer_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int, layers: int) -> tuple[float, float]:

@@ -129,8 +129,9 @@ def _tp_exposed_fraction(gpu: str, sp: bool) -> float:
 
 
 def test_tp_comm_overlap_with_sequence_parallelism_on_nvlink_gpus_only():
-    hidden = CostModel().tp_comm_overlap
-    assert _tp_exposed_fraction("h100-sxm", sp=True) == pytest.approx(1 - hidden)    # --tp-comm-overlap
+    # --tp-comm-overlap: TE's userbuffers leave the pipelined reduce-scatters' last chunks exposed (1/4 of two
+    # of the eight counted collectives when every transfer is shorter than its GEMM: estimate/tp_overlap.py)
+    assert 0 < _tp_exposed_fraction("h100-sxm", sp=True) < 1 - CostModel().tp_comm_overlap
     assert _tp_exposed_fraction("h100-sxm", sp=False) == pytest.approx(1.0)          # plain all-reduces
     # A100: no userbuffers overlap (CUDA multicast is compute capability 9.0+; the published A100 runs ran
     # their TP collectives in series), with or without sequence parallelism
