@@ -55,6 +55,12 @@ class Hardware:
     def world_size(self) -> int:
         return self.gpus_per_node * self.num_nodes
 
+    @property
+    def host_is_device(self) -> bool:
+        """Ranks are CPU processes on gloo (the catalog's cpu entry): their memory is host memory, where a
+        buffer's pages are resident only once written, and no NCCL runs."""
+        return self.link == "loopback"
+
 
 def hardware_for(spec: Spec, cost: CostModel) -> Hardware:
     """The Hardware record of ``spec.cluster`` under ``cost``."""

@@ -31,16 +31,21 @@ class ModelStatesEstimate:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
 
-def _paper_bytes_per_param(precision: str) -> tuple[int, int, int]:
-    return (4, 4, 8) if precision == "fp32" else (2, 2, 12)
+def _paper_bytes_per_param(precision: str, fp32_master: bool = False) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer) bytes per parameter; ``fp32_master``: an fp32 run whose optimizer
+    still keeps its own fp32 master copy (DeepSpeed ZeRO-3: estimate/ds_memory.py)."""
+    if precision == "fp32":
+        return (4, 4, 12) if fp32_master else (4, 4, 8)
+    return (2, 2, 12)
 
 
 def estimate_model_states(num_params: float, dp: int, zero_stage: int, offload: str = "none",
-                          precision: str = "bf16", accounting: str = PAPER) -> ModelStatesEstimate:
+                          precision: str = "bf16", accounting: str = PAPER,
+                          fp32_master: bool = False) -> ModelStatesEstimate:
     """Bytes of model states per GPU for ``num_params`` parameters held after TP/PP sharding."""
     if accounting == DEEPSPEED:
         return _deepspeed_states(num_params, dp, zero_stage, offload)
-    p, g, o = _paper_bytes_per_param(precision)
+    p, g, o = _paper_bytes_per_param(precision, fp32_master)
     psi, n = num_params, dp
     params = p * psi / n if zero_stage >= 3 else p * psi
     grads = g * psi / n if zero_stage >= 2 else g * psi
@@ -93,19 +98,33 @@ class OverheadEstimate:
 
 def estimate_overheads(cost: CostModel, *, num_groups: int, dp: int, zero_stage: int, local_grad_bytes: float,
                        largest_layer_params: int, activations_bytes: float, dtype_bytes: int = 2,
-                       runtime_bytes: int | None = None, bucket_views: bool = False) -> OverheadEstimate:
+                       runtime_bytes: int | None = None, bucket_views: bool = False,
+                       zero3_live_bytes: float | None = None, bucket_bytes: float | None = None,
+                       host_is_device: bool = False) -> OverheadEstimate:
     """The explicit overhead terms for one GPU (see CostModel for each default's reason).
 
     ``runtime_bytes`` replaces the CUDA context where the accelerator has none (the catalog's cpu entry);
     ``bucket_views``: the gradient buckets are views into the contiguous gradient buffer the model states
     already count (Megatron-Core's DistributedDataParallel and distributed optimizer, param_and_grad_buffer.py),
-    so they add nothing (Megatron FSDP's are transient buffers of their own: counted).
+    so they add nothing (Megatron FSDP's are transient buffers of their own: counted). ``zero3_live_bytes`` and
+    ``bucket_bytes`` replace the generic ZeRO-3 live-parameter and bucket rules where the engine's own code says
+    what it holds (DeepSpeed ZeRO-3: estimate/ds_memory.py). ``host_is_device``: ranks are CPU processes
+    (the catalog's cpu entry): they communicate through gloo, which keeps no NCCL buffers, and of the two
+    buckets only the pages the gradient copies wrote are resident (the second is written only when the
+    gradient outgrows the first).
     """
     buckets = 2 * min(local_grad_bytes, cost.dp_bucket_bytes) if dp > 1 and not bucket_views else 0.0
+    if host_is_device and buckets:
+        buckets = min(local_grad_bytes, 2 * cost.dp_bucket_bytes)
+    if bucket_bytes is not None and dp > 1:
+        buckets = bucket_bytes
     live = ZERO3_LIVE_FACTOR * largest_layer_params * dtype_bytes / 2 if zero_stage == 3 else 0.0
+    if zero3_live_bytes is not None and zero_stage == 3:
+        live = zero3_live_bytes
     context = cost.cuda_context_bytes if runtime_bytes is None else runtime_bytes
     return OverheadEstimate(cuda_context_bytes=context,
-                            nccl_bytes=num_groups * cost.nccl_bytes_per_group, dp_bucket_bytes=buckets,
+                            nccl_bytes=0.0 if host_is_device else num_groups * cost.nccl_bytes_per_group,
+                            dp_bucket_bytes=buckets,
                             zero3_live_bytes=live, fragmentation_bytes=cost.fragmentation * activations_bytes)
 
 

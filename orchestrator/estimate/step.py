@@ -36,6 +36,7 @@ from .engines import (ds_bucket_all_reduce, ds_pipe_hand_overs, ds_pipe_partitio
                       ds_pipeline_reduces_after_flush, ds_zero3_runtime, grad_reduce_bytes)
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
+from .ds_memory import ds_zero3_bucket, ds_zero3_live_bytes
 from .ds_runtime import (ds_backward_gather_passes, ds_partitioned_transfers_s, hp_grad_copies_s, offload_host_s,
                          sharding_stage, uses_bf16_optimizer, zero3_fetch_host_s, zero3_persistent_regather_s,
                          zero12_copies_s)
@@ -191,7 +192,7 @@ def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> 
     """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
     expert = _expert_elements(ctx, lay, psi, layers)
     dense = estimate_model_states(psi - expert, shard_group_size(lay), sharding_stage(ctx, lay), lay.offload,
-                                  ctx.precision)
+                                  ctx.precision, fp32_master=ctx.engine == "deepspeed" and lay.zero_stage == 3)
     if uses_bf16_optimizer(ctx, lay):          # a full fp32 copy of every gradient besides the bf16 one
         dense = dataclasses.replace(dense, grads_bytes=dense.grads_bytes + 4 * (psi - expert))
     if ctx.precision == "fp8":   # Transformer Engine's fp8 copies: the layers' GEMM weights, not the vocabulary's
@@ -224,7 +225,9 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
                                   local_grad_bytes=psi * hw.dtype_bytes,
                                   largest_layer_params=zero3_gather_unit(ctx, lay, params), activations_bytes=act,
                                   dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes,
-                                  bucket_views=ctx.engine == "megatron" and lay.zero_stage < 3)
+                                  bucket_views=ctx.engine == "megatron" and lay.zero_stage < 3,
+                                  zero3_live_bytes=ds_zero3_live_bytes(ctx, lay, params),
+                                  bucket_bytes=ds_zero3_bucket(ctx, lay, psi), host_is_device=hw.host_is_device)
         stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, capacity_bytes=hw.capacity_bytes,
                                    headroom=cost.hbm_headroom, stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
     busiest = dataclasses.replace(busiest_stage(*stages), floor_peak_bytes=max(m.floor_bytes for m in stages))

@@ -116,10 +116,15 @@ def test_lighter_first_stage_moves_the_memory_bottleneck_to_the_second():
     assert uneven.activations_bytes == acts.middle_stage_bytes == 15 * 8 * per + acts.working_bytes
 
 
-def test_zero3_live_unit_is_deepspeeds_module_or_megatrons_layer():
-    """DeepSpeed gathers (and its memory estimator counts) the largest single module, for GPT-3 7.5B the
-    MLP's 4h^2 weight or the embedding; Megatron FSDP a whole layer (12h^2 + biases and norms)."""
+def test_zero3_live_is_what_deepspeeds_reuse_rule_keeps_or_megatrons_layer():
+    """DeepSpeed keeps a module gathered after its forward use while fewer than stage3_max_reuse_distance (1e9)
+    parameters run before its backward use: for GPT-3 7.5B (12h^2 = 2.0e8 a layer, tied 51200 x h embedding used
+    last) the embedding and the last ~1.6 layers, plus the largest module's full gradient; Megatron FSDP holds a
+    whole layer (12h^2 + biases and norms) gathered with its gradient."""
     import dataclasses
+
+    from orchestrator.estimate.ds_memory import ds_zero3_gathered_at_peak
+    from orchestrator.estimate.params import ds_layer_modules
 
     ctx = _ctx()
     lay = Layout(tp=1, pp=1, vpp=1, dp=64, zero_stage=3, micro_batch_size=1, sequence_parallel=False,
@@ -127,5 +132,36 @@ def test_zero3_live_unit_is_deepspeeds_module_or_megatrons_layer():
     h, v = ctx.shape.hidden_size, 51200
     ds = estimate_memory(dataclasses.replace(ctx, engine="deepspeed"), lay).overheads.zero3_live_bytes
     mg = estimate_memory(dataclasses.replace(ctx, engine="megatron"), lay).overheads.zero3_live_bytes
-    assert ds == 4 * max(4 * h * h, v * h)
+    kept = ds_zero3_gathered_at_peak(ds_layer_modules(ctx.shape, 1), 36, 0, v * h, 1_000_000_000)
+    assert v * h + 12 * h * h < kept < v * h + 2 * 12 * h * h
+    assert ds == 2 * kept + 2 * max(4 * h * h, v * h)
     assert mg > 4 * 12 * h * h
+
+
+def test_deepspeed_keeps_a_small_model_gathered_whole_and_the_last_half_billion_of_a_big_one():
+    """The reuse rule at the forward's end: every module kept while twice the parameters after it stay under
+    the distance."""
+    from orchestrator.estimate.ds_memory import ds_zero3_gathered_at_peak
+
+    assert ds_zero3_gathered_at_peak((10, 20), 4, 5, 7, 1_000_000_000) == 4 * 30 + 5 + 7
+    big = ds_zero3_gathered_at_peak((10**8, 10**8), 40, 10**8, 10**8, 1_000_000_000)
+    assert big == 5 * 10**8                        # the output layer and the 4 modules with < 5e8 after them
+    assert ds_zero3_gathered_at_peak((10**8,), 40, 0, 10**8, 0) == 10**8     # distance 0: only the last use
+
+
+def test_deepspeed_zero3_bucket_is_reduce_bucket_size_on_a_gpu_and_its_written_pages_on_the_cpu():
+    """stage3.py _setup_for_real_optimizer: one torch.empty(reduce_bucket_size) (5e8); a GPU allocator hands out
+    all of it, host memory holds what the gradient copies wrote."""
+    from orchestrator.estimate.ds_memory import ds_zero3_bucket_bytes
+
+    assert ds_zero3_bucket_bytes(1e8, 500_000_000, 2, resident_on_write=False) == 5e8 * 2
+    assert ds_zero3_bucket_bytes(1e8, 500_000_000, 4, resident_on_write=True) == 1e8 * 4
+    assert ds_zero3_bucket_bytes(2e9, 500_000_000, 4, resident_on_write=True) == 5e8 * 4
+    import dataclasses
+
+    ctx = dataclasses.replace(_ctx(), engine="deepspeed")
+    lay = Layout(tp=1, pp=1, vpp=1, dp=64, zero_stage=3, micro_batch_size=1, sequence_parallel=False,
+                 recompute="full", offload="none")
+    assert estimate_memory(ctx, lay).overheads.dp_bucket_bytes == 5e8 * 2               # bf16
+    old = dataclasses.replace(ctx, engine_version="0.3")       # contiguous_gradients off: the generic rule
+    assert estimate_memory(old, lay).overheads.dp_bucket_bytes == 2 * ctx.cost.dp_bucket_bytes
