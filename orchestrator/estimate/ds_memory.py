@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from .engines import DS_MAX_REUSE_DISTANCE, DS_REDUCE_BUCKET_ELEMENTS, ds_zero3_runtime
+from .engines import DS_MAX_REUSE_DISTANCE, DS_REDUCE_BUCKET_ELEMENTS, ds_bf16_optimizer, ds_zero3_runtime
 from .params import ds_layer_modules, largest_module_per_rank
 
 if TYPE_CHECKING:
@@ -75,3 +75,20 @@ def ds_zero3_bucket(ctx: EstimateContext, lay: Layout, psi: float) -> float | No
     if ctx.engine != "deepspeed" or lay.zero_stage != 3 or ds_zero3_runtime(ctx.engine_version).allreduce_gradients:
         return None
     return ds_zero3_bucket_bytes(psi, DS_REDUCE_BUCKET_ELEMENTS, ctx.hw.dtype_bytes, ctx.hw.host_is_device)
+
+
+def ds_zero12_bucket(ctx: EstimateContext, lay: Layout) -> float | None:
+    """The gradient buckets of a DeepSpeed ZeRO-1/2 rank on a GPU at the release orch writes ds_config.json for
+    (None: another engine, stage or release, DeepSpeed's BF16_Optimizer, or the CPU target, whose written pages the
+    generic rule counts). DeepSpeed 0.19.8 allocates them whole, whatever the model's size: with the
+    ``contiguous_gradients`` and ``overlap_comm`` orch writes, ``setup_buckets`` (stage_1_and_2.py) makes two
+    ``torch.empty(reduce_bucket_size)`` per gradient dtype at every micro-step (double buffering); under the
+    pipeline engine ``reduce_gradients`` makes one. Elements of the gradient's own dtype
+    (``_gradient_reduction_buffer_dtype``: no separate fp32 accumulation at ZeRO-1/2 by default). At orch's
+    reduce_bucket_size of 5e8 that is 1.86 GiB of bf16 per rank, where the generic rule counted at most 512 MiB."""
+    if (ctx.engine != "deepspeed" or lay.zero_stage not in (1, 2) or ctx.engine_version is not None
+            or ctx.hw.host_is_device or lay.dp <= 1
+            or ds_bf16_optimizer(ctx.engine_version, ctx.precision, lay.zero_stage, lay.pp)):
+        return None
+    buffers = 1 if lay.pp > 1 else 2
+    return buffers * DS_REDUCE_BUCKET_ELEMENTS * ctx.hw.dtype_bytes

@@ -36,7 +36,7 @@ from .engines import (ds_bucket_all_reduce, ds_pipe_hand_overs, ds_pipe_partitio
                       ds_pipeline_reduces_after_flush, ds_zero3_runtime, grad_reduce_bytes)
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
-from .ds_memory import ds_zero3_bucket, ds_zero3_live_bytes
+from .ds_memory import ds_zero3_bucket, ds_zero3_live_bytes, ds_zero12_bucket
 from .ds_runtime import (ds_backward_gather_passes, ds_partitioned_transfers_s, hp_grad_copies_s, offload_host_s,
                          sharding_stage, uses_bf16_optimizer, zero3_fetch_host_s, zero3_persistent_regather_s,
                          zero12_copies_s)
@@ -206,6 +206,12 @@ def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> 
                                  ("params_bytes", "grads_bytes", "optimizer_bytes", "host_bytes")))
 
 
+def _ds_bucket(ctx: EstimateContext, lay: Layout, psi: float) -> float | None:
+    """DeepSpeed's own gradient buckets where its code says what it allocates (estimate/ds_memory.py)."""
+    zero3 = ds_zero3_bucket(ctx, lay, psi)
+    return zero3 if zero3 is not None else ds_zero12_bucket(ctx, lay)
+
+
 def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None = None,
                     acts: ActivationsEstimate | None = None, stage_totals: bool = False) -> MemoryEstimate:
     """Memory of the busiest GPU (the first, the first middle or the last pipeline stage)."""
@@ -227,7 +233,7 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
                                   dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes,
                                   bucket_views=ctx.engine == "megatron" and lay.zero_stage < 3,
                                   zero3_live_bytes=ds_zero3_live_bytes(ctx, lay, params),
-                                  bucket_bytes=ds_zero3_bucket(ctx, lay, psi), host_is_device=hw.host_is_device)
+                                  bucket_bytes=_ds_bucket(ctx, lay, psi), host_is_device=hw.host_is_device)
         stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, capacity_bytes=hw.capacity_bytes,
                                    headroom=cost.hbm_headroom, stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
     busiest = dataclasses.replace(busiest_stage(*stages), floor_peak_bytes=max(m.floor_bytes for m in stages))

@@ -165,3 +165,22 @@ def test_deepspeed_zero3_bucket_is_reduce_bucket_size_on_a_gpu_and_its_written_p
     assert estimate_memory(ctx, lay).overheads.dp_bucket_bytes == 5e8 * 2               # bf16
     old = dataclasses.replace(ctx, engine_version="0.3")       # contiguous_gradients off: the generic rule
     assert estimate_memory(old, lay).overheads.dp_bucket_bytes == 2 * ctx.cost.dp_bucket_bytes
+
+
+def test_deepspeed_zero12_buckets_are_two_reduce_bucket_sizes_on_a_gpu_at_the_release_orch_writes():
+    """DeepSpeed 0.19.8 stage_1_and_2.py setup_buckets: with the contiguous_gradients and overlap_comm orch
+    writes, two torch.empty(reduce_bucket_size) of the gradient dtype each micro-step, whatever the model's size
+    (one under the pipeline engine's reduce_gradients); older releases and the CPU target keep the generic rule."""
+    import dataclasses
+
+    ctx = dataclasses.replace(_ctx(), engine="deepspeed")
+    lay = Layout(tp=1, pp=1, vpp=1, dp=64, zero_stage=2, micro_batch_size=1, sequence_parallel=False,
+                 recompute="full", offload="none")
+    assert estimate_memory(ctx, lay).overheads.dp_bucket_bytes == 2 * 5e8 * 2                 # bf16
+    assert estimate_memory(ctx, dataclasses.replace(lay, zero_stage=1)).overheads.dp_bucket_bytes == 2 * 5e8 * 2
+    old = dataclasses.replace(ctx, engine_version="0.5")
+    assert estimate_memory(old, lay).overheads.dp_bucket_bytes == 2 * ctx.cost.dp_bucket_bytes
+    megatron = dataclasses.replace(ctx, engine="megatron")
+    assert estimate_memory(megatron, dataclasses.replace(lay, zero_stage=1)).overheads.dp_bucket_bytes == 0.0
+    single = dataclasses.replace(lay, dp=1, zero_stage=1)
+    assert estimate_memory(ctx, single).overheads.dp_bucket_bytes == 0.0
