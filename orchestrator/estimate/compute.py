@@ -71,17 +71,21 @@ def matmul_time_s(m: int, n: int, k: int, hw: Hardware, batch: int = 1, accumula
     return max(flops / (hw.peak_flops * eff), traffic / hw.hbm_Bps)
 
 
+def linear_gemm_times_s(tokens: int, n_out: int, k_in: int, hw: Hardware) -> tuple[float, float, float]:
+    """(forward, data gradient, weight gradient) GEMM times of one linear layer y = x W; the weight gradient's
+    GEMM accumulates in fp32 in its epilogue when the accumulation is fused."""
+    return (matmul_time_s(tokens, n_out, k_in, hw), matmul_time_s(tokens, k_in, n_out, hw),
+            matmul_time_s(k_in, n_out, tokens, hw, accumulate_fp32=hw.fused_grad_accumulation))
+
+
 def linear_times_s(tokens: int, n_out: int, k_in: int, hw: Hardware) -> tuple[float, float]:
     """(forward, backward) of one linear layer: y = x W; backward = data gradient + weight gradient.
 
     The weight gradient lands in an fp32 accumulator: inside the GEMM epilogue when fused, otherwise by a
     separate pass reading the 16-bit gradient and reading and writing the accumulator.
     """
-    fwd = matmul_time_s(tokens, n_out, k_in, hw)
-    dgrad = matmul_time_s(tokens, k_in, n_out, hw)
-    fused = hw.fused_grad_accumulation
-    wgrad = matmul_time_s(k_in, n_out, tokens, hw, accumulate_fp32=fused)
-    if not fused:
+    fwd, dgrad, wgrad = linear_gemm_times_s(tokens, n_out, k_in, hw)
+    if not hw.fused_grad_accumulation:
         wgrad += k_in * n_out * (hw.dtype_bytes + 2 * FP32) / hw.hbm_Bps + hw.kernel_gap_s
     return fwd, dgrad + wgrad
 

@@ -14,7 +14,7 @@ defaults to the all-gather layers): one byte an element. docs/cost-model.md, "es
 from __future__ import annotations
 
 from .comm import Placement, all_gather_s, reduce_scatter_s
-from .compute import attention_linear_shapes, matmul_time_s, mlp_linear_shapes
+from .compute import attention_linear_shapes, linear_gemm_times_s, mlp_linear_shapes
 from .hardware import Hardware
 from .params import ModelShape
 
@@ -40,13 +40,6 @@ def bulk_exposed_s(comm_s: float, gemm_s: float) -> float:
     return max(0.0, comm_s - gemm_s)
 
 
-def _gemm_times(tokens: int, n_out: int, k_in: int, hw: Hardware) -> tuple[float, float, float]:
-    """(forward, data gradient, weight gradient) GEMM times of one linear layer (estimate/compute.py)."""
-    fused = hw.fused_grad_accumulation
-    return (matmul_time_s(tokens, n_out, k_in, hw), matmul_time_s(tokens, k_in, n_out, hw),
-            matmul_time_s(k_in, n_out, tokens, hw, accumulate_fp32=fused))
-
-
 def userbuffers_exposed_s(shape: ModelShape, tp: int, tokens: int, pl: Placement, hw: Hardware,
                           gemm_hw: Hardware, fp8: bool, recomputed_forward: bool) -> float:
     """Exposed TP communication of one dense layer for one micro-batch on one rank under TE's userbuffers
@@ -61,8 +54,8 @@ def userbuffers_exposed_s(shape: ModelShape, tp: int, tokens: int, pl: Placement
     forward = backward = 0.0
     blocks = (attention_linear_shapes(shape, tp), mlp_linear_shapes(shape, shape.ffn_hidden_size, tp))
     for (col_out, col_in), (row_out, row_in) in blocks:
-        col_f, col_d, col_w = _gemm_times(tokens, col_out, col_in, gemm_hw)
-        row_f, row_d, _ = _gemm_times(tokens, row_out, row_in, gemm_hw)
+        col_f, col_d, col_w = linear_gemm_times_s(tokens, col_out, col_in, gemm_hw)
+        row_f, row_d, _ = linear_gemm_times_s(tokens, row_out, row_in, gemm_hw)
         forward += ring_exchange_exposed_s(ag, col_f, tp) + pipeline_rs_exposed_s(rs, row_f)
         backward += (ring_exchange_exposed_s(ag, row_d, tp)           # the output gradient gathered (row dgrad)
                      + bulk_exposed_s(ag, col_d) + bulk_exposed_s(rs, col_w))
