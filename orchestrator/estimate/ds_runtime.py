@@ -45,7 +45,7 @@ def zero3_fetch_host_s(ctx: EstimateContext, lay: Layout, layers: int, m: int) -
         hooked = layers * trainer.hooked_per_layer + trainer.hooked_outside
         return m * passes * (gathered * ctx.cost.zero3_fetch_host_s + hooked * ctx.cost.zero3_resident_hook_host_s)
     fetches = m * passes * (layers * gathers_per_layer("deepspeed") + 1) * ctx.cost.zero3_fetch_host_s
-    if ctx.hw.link != "loopback":
+    if not ctx.hw.host_is_device:
         return fetches
     norms = 2 * layers + 1              # MoE on CPU (no trainer_modules): + the final norm; resident, hooks run
     return fetches + m * passes * norms * ctx.cost.zero3_resident_hook_host_s
@@ -57,7 +57,7 @@ def trainer_modules(ctx: EstimateContext) -> TrainerModules | None:
     dense model. None elsewhere: GPU DeepSpeed runs are costed with Megatron-DeepSpeed's layer (fused QKV,
     engines.DS_GATHERS_PER_LAYER), whose resident hooks hide behind the kernel queue."""
     shape = ctx.shape
-    if ctx.hw.link != "loopback" or shape.moe is not None:
+    if not ctx.hw.host_is_device or shape.moe is not None:
         return None
     biases = (shape.q_size, 2 * shape.kv_size, shape.hidden_size, shape.mlp_in_width, shape.hidden_size) \
         if shape.bias else ()
@@ -110,7 +110,7 @@ def zero12_copies_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int
     """DeepSpeed ZeRO-1/2's gradient-buffer copies (engines.ds_zero12_copy_bytes) where the host is the device:
     on the critical path of DeepSpeed's synchronous CPU accelerator. On a GPU they run on DeepSpeed's
     reduction stream (``overlap_comm``) behind the backward: not counted."""
-    if ctx.engine != "deepspeed" or lay.zero_stage not in (1, 2) or ctx.hw.link != "loopback" or lay.offload != "none":
+    if ctx.engine != "deepspeed" or lay.zero_stage not in (1, 2) or not ctx.hw.host_is_device or lay.offload != "none":
         return 0.0
     dp = grad_sync_size(lay)
     nbytes = ds_zero12_copy_bytes(stage_params, grad_reduce_bytes(ctx.engine, ctx.precision, ctx.hw.dtype_bytes),

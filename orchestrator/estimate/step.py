@@ -425,7 +425,7 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     dp_comm = _gradient_sync(ctx, lay, lambda elements: dataclasses.replace(work, param_elements=elements),
                              params.per_gpu, reduce_layers)
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m, reduce_layers)
-    step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.link == "loopback" else 0.0
+    step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.host_is_device else 0.0
     offload_host = offload_host_s(ctx, lay, reduce_layers) + zero12_copies_s(ctx, lay, params.per_gpu, m)
     if ctx.precision == "fp8":
         optimizer_s += weight_cast_s(params.per_gpu, hw)
@@ -574,7 +574,7 @@ def dp_overlap_fraction(cost: CostModel, hw: Hardware) -> float:
     accelerator is a synchronized device (deepspeed/accelerator/cpu_accelerator.py is_synchronized_device()
     is True; its streams are no-ops), so overlap_comm's side stream runs each gloo collective inline on the
     rank's own thread, and every core already computes for a rank (OMP_NUM_THREADS=1 per rank, torchrun)."""
-    return 0.0 if hw.link == "loopback" else cost.dp_overlap
+    return 0.0 if hw.host_is_device else cost.dp_overlap
 
 
 def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
