@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import NamedTuple
 
 from ..calibrate import read_json, spec_mismatches
 from ..errors import Problem, SpecError, raise_if
@@ -131,8 +132,7 @@ def measured_cost(path: str | Path, spec: Spec, base: CostModel | None = None) -
         if on_cpu:
             kernels = kernel_mix_terms(spec, measured, dataclasses.replace(base, **terms), gpu)
             if kernels is not None:      # the trainer's own kernels measured: they set the rank's speed
-                fraction, core = kernels
-                source = "model_fwd_bwd_s" if "optimizer_params_per_s" in core else "model_step_s"
+                fraction, core, source = kernels
                 figures["matmul_efficiency"] = {"value": core["matmul_efficiency"], "from": f"measured.{source}"}
             else:
                 fraction = core_fraction(measured, gpu)
@@ -175,8 +175,17 @@ def catalog_micro_batch_s(spec: Spec, cost: CostModel, micro_batch: int, *, opti
     return b.compute_s + (b.optimizer_s if optimizer else 0.0)
 
 
-def kernel_mix_terms(spec: Spec, measured: dict, cost: CostModel, gpu, rounds: int = 4) -> tuple[float, dict] | None:
-    """(core fraction, cost-model terms) that make the cost model charge the doctor's model probe what it
+class KernelMix(NamedTuple):
+    """What :func:`kernel_mix_terms` solved: the core fraction, the cost-model terms it sets, and the doctor.json
+    figure it was solved on (``model_fwd_bwd_s`` where the probe timed its two parts, else ``model_step_s``)."""
+
+    fraction: float
+    terms: dict
+    source: str
+
+
+def kernel_mix_terms(spec: Spec, measured: dict, cost: CostModel, gpu, rounds: int = 4) -> KernelMix | None:
+    """The core fraction and cost-model terms that make the cost model charge the doctor's model probe what it
     measured (doctor.json ``model_step_s`` at ``model_step_micro_batch``), or None without that figure.
 
     The GEMM probe times one 256 x 256 GEMM; a tiny-gpt micro-batch is some 300 small GEMMs (512 x 128 x 128
@@ -198,9 +207,9 @@ def kernel_mix_terms(spec: Spec, measured: dict, cost: CostModel, gpu, rounds: i
         return None
     split = _probe_parts(measured)
     base = dataclasses.replace(cost, matmul_efficiency=None)
-    extra = {}
+    extra, source = {}, "model_step_s"
     if split is not None:
-        step_s, extra = split[0], {"optimizer_params_per_s": split[1]}
+        step_s, extra, source = split[0], {"optimizer_params_per_s": split[1]}, "model_fwd_bwd_s"
     sustained = gpu.matmul_efficiency * gpu.sustained_clock_fraction
     fraction, terms = 1.0, {}
     for _ in range(rounds):
@@ -208,7 +217,7 @@ def kernel_mix_terms(spec: Spec, measured: dict, cost: CostModel, gpu, rounds: i
         charged = catalog_micro_batch_s(spec, dataclasses.replace(base, **terms), mb, optimizer=split is None)
         fraction *= charged / step_s
     terms = {**cpu_core_terms(base, gpu, fraction), "matmul_efficiency": min(1.0, sustained * fraction), **extra}
-    return fraction, terms
+    return KernelMix(fraction, terms, source)
 
 
 def _probe_parts(measured: dict) -> tuple[float, float] | None:

@@ -79,8 +79,9 @@ def test_without_the_model_probe_the_gemm_probe_sets_the_fraction_as_before(tmp_
 def test_the_fraction_scales_every_core_term_alike():
     spec = load_spec(EXAMPLES / "tiny-gpt-cpu.yaml")
     catalog = catalog_micro_batch_s(spec, CostModel(), 4)
-    fraction, terms = kernel_mix_terms(spec, {"model_step_s": 2 * catalog, "model_step_micro_batch": 4},
-                                       CostModel(), CPU)
+    fraction, terms, source = kernel_mix_terms(spec, {"model_step_s": 2 * catalog, "model_step_micro_batch": 4},
+                                               CostModel(), CPU)
+    assert source == "model_step_s"                           # an older probe: solved on the whole step
     assert fraction == pytest.approx(0.5, rel=0.02)
     assert terms["kernel_gap_s"] == pytest.approx(CostModel().kernel_gap_s / fraction)
     assert terms["hbm_efficiency"] == pytest.approx(CostModel().hbm_efficiency * fraction)
