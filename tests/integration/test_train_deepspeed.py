@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 
@@ -185,3 +187,36 @@ def test_pipeline_llama_shape_with_full_recompute(tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert records[-1]["loss"] < records[0]["loss"] and all(0 < r["bubble_fraction"] < 1 for r in records)
     assert all(r["hfu"] > r["mfu"] for r in records)          # full recompute: hardware FLOPs > model FLOPs
+
+
+TEARDOWN_ABORT = """\
+import atexit, os, sys
+
+def _abort_in_teardown():     # what a C++ destructor's std::terminate does to a finished rank (ENV-NOTES.md)
+    if "orchestrator.train.trainer" in sys.modules:
+        os.abort()
+
+atexit.register(_abort_in_teardown)
+"""
+
+
+def test_a_finished_run_exits_0_whatever_the_interpreter_teardown_does(tmp_path):
+    """A rank that finished leaves with os._exit (orchestrator/train/__main__.py): an abort in the interpreter's
+    teardown (here an atexit hook that calls abort(), as gloo's and DeepSpeed's threads can in their static
+    destructors) no longer turns a finished run into a failed one. The hook is shown to fire in a process that
+    imports the trainer and exits the ordinary way."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(TEARDOWN_ABORT)
+    env = job_env()
+    env["PYTHONPATH"] = f"{hook}{os.pathsep}{env['PYTHONPATH']}"
+    control = subprocess.run([sys.executable, "-c", "import orchestrator.train.trainer"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=scaled_s(120))
+    assert control.returncode == -signal.SIGABRT, control.stderr[-2000:]
+    run_dir = make_run_dir(tmp_path / "run", **{**FAST, "cluster.gpus_per_node": 1, "parallelism.zero_stage": 0,
+                                                "training.train_iters": 3})
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.train", str(run_dir)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=scaled_s(300))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [r["step"] for r in load_metrics(run_dir)] == [1, 2, 3]
+    assert json.loads((run_dir / "train_status.json").read_text())["state"] == "finished"
