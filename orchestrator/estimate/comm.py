@@ -186,6 +186,11 @@ class DataParallelWork:
                                         # (CostModel.ds_list_rank_host_s)
     modules: tuple[int, ...] = ()       # DeepSpeed ZeRO-3: one layer's gather units in forward order
                                         # (params.ds_layer_modules); (): 4 equal units a layer
+    chunk_shares: tuple[float, ...] = ()  # Megatron's interleaved 1F1B (vpp > 1, DDP or distributed optimizer):
+                                          # each model chunk's share of param_elements, chunk 0 first;
+                                          # (): one pass syncs the whole stage (:func:`interleaved_reduce_exposed_s`)
+    pp_size: int = 1                    # pipeline stages (the interleaved schedule's micro-batch group)
+    stage_rank: int = 0                 # this stage's pipeline rank
 
 
 def list_copies_s(nbytes: float, n: int, hw: Hardware) -> float:
@@ -229,15 +234,81 @@ def _replicated_params_comm(w: DataParallelWork, pl: Placement, overlap: float, 
     kind, bucket = _gradient_buckets(w, n)
     red_s, red_one, red_calls = bucketed_s(kind, grads, bucket * w.grad_bytes, pl, hw)
     per_step = 1 if w.zero_stage < 2 else m          # ZeRO-2 reduce-scatters every micro-batch
-    exposed = per_step * max(red_one, red_s - hide_b)
+    interleaved = bool(w.chunk_shares) and w.engine == "megatron" and w.zero_stage < 2
+    exposed = interleaved_reduce_exposed_s(w, red_s, overlap) if interleaved else \
+        per_step * max(red_one, red_s - hide_b)
     time, nbytes, calls = per_step * red_s, per_step * ring_bytes(grads, n, kind), per_step * red_calls
     if w.zero_stage >= 1:                             # updated parameters gathered after the step
         gather_bucket = bucket if w.engine == "megatron" else DS_REDUCE_BUCKET_ELEMENTS
         ag_s, ag_one, ag_calls = bucketed_s("all_gather", params, gather_bucket * w.param_bytes, pl, hw)
         # Megatron's --overlap-param-gather hides it behind the next forward; DeepSpeed waits for it.
-        exposed += max(ag_one, ag_s - hide_f) if w.engine == "megatron" else ag_s
+        if interleaved:
+            exposed += interleaved_gather_exposed_s(w, ag_s, overlap)
+        else:
+            exposed += max(ag_one, ag_s - hide_f) if w.engine == "megatron" else ag_s
         time, nbytes, calls = time + ag_s, nbytes + ring_bytes(params, n), calls + ag_calls
     return DataParallelComm(nbytes, time, exposed, reduce_s=per_step * red_s, calls=calls)
+
+
+def interleaved_reduce_exposed_s(w: DataParallelWork, reduce_s: float, overlap: float) -> float:
+    """Exposed gradient reduction of a stage under Megatron-Core's interleaved 1F1B with overlap_grad_reduce
+    and align_grad_reduce (the default: Megatron-LM ``--no-align-grad-reduce`` off; training.py sets
+    ``config.grad_sync_func`` to each chunk's ``start_grad_sync``), core_v0.16.1
+    pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving:
+
+    * every backward runs under ``no_sync`` (``disable_grad_sync`` before the warmup and at the end of
+      ``backward_step_helper_postprocess``; ``backward_step_helper_preprocess`` only enables it when
+      ``grad_sync_func`` is None), so the per-bucket hooks (param_and_grad_buffer.py ``register_grad_ready``)
+      launch nothing: a chunk's whole reduction starts at once, from ``grad_sync_func[chunk]``;
+    * stage r launches chunk c after its backward of virtual micro-batch ``k + r``, k being chunk c's last
+      backward (``grad_sync_virtual_microbatch_id = virtual_microbatch_id - pipeline_parallel_rank``): the
+      moment stage 0 ends chunk c's last backward, the same on every stage. Backwards run chunk v-1 first
+      (``get_model_chunk_id(forward=False)``) in groups of p micro-batches (``get_schedule_table``, group
+      size pp by default), so chunk c's last backward is followed by c * p chunk backwards on stage 0, all
+      in the cooldown, which has no forwards left (its 2(p-1-r) + (v-1)p warmup micro-batches,
+      ``get_pp_rank_microbatches``);
+    * chunks whose launch would come after the stage's last backward (chunk 0 on every stage, k + r past the
+      table) start in the "Launch any remaining grad reductions" loop after the cooldown. Stage 0 ends the
+      pipeline, so its chunk 0 reduction follows all its compute and is exposed whole; stage r ends its own
+      cooldown r chunk backwards before stage 0 and has those to hide it behind.
+
+    So chunk c of stage r has ``max(c * p, r)`` chunk backwards (``overlap`` of each) before the step's last
+    backward ends; the chunks share the data-parallel communicator and run one after another. Returns how
+    far the last one ends past that point."""
+    v, p, r = len(w.chunk_shares), w.pp_size, w.stage_rank
+    chunk_backward = overlap * w.backward_window_s / v
+    free = float("-inf")
+    for c in reversed(range(v)):
+        launch = -max(c * p, r) * chunk_backward
+        free = max(free, launch) + w.chunk_shares[c] * reduce_s
+    return max(0.0, free)
+
+
+def interleaved_gather_exposed_s(w: DataParallelWork, gather_s: float, overlap: float) -> float:
+    """Forward time a stage waits for the updated parameters under Megatron-Core's interleaved 1F1B with
+    overlap_param_gather and align_param_gather (core_v0.16.1 pipeline_parallel/schedules.py
+    forward_backward_pipelining_with_interleaving; training.py sets ``param_sync_func`` to each chunk's
+    ``start_param_sync``): chunks 0 and 1 are gathered before the first forward ("Synchronize params for
+    first two model chunks"), chunk c >= 2 when stage 0 starts chunk c-1's first forward
+    (``forward_step_helper_preprocess``: ``param_sync_virtual_microbatch_id = virtual_microbatch_id +
+    pipeline_parallel_rank``, launching chunk id + 1). A chunk's all-gathers are launched bucket group by
+    bucket group from the end of the chunk (distributed_data_parallel.py ``start_param_sync``; buckets are
+    built from the parameters in reverse, param_and_grad_buffer.py), and the forward pre-hook of its first
+    module waits for the group holding it (``finish_param_sync``), the last launched: a chunk's first
+    forward waits for its whole gather. Forwards run chunk 0 first in groups of p micro-batches, all of the
+    first group in the warmup: stage r starts chunk c's first forward (c * p + r) chunk forwards into the
+    step. Stage 0 waits for chunk 0's gather whole."""
+    v, p, r = len(w.chunk_shares), w.pp_size, w.stage_rank
+    chunk_forward = overlap * w.forward_window_s / v
+    done, start, waited = 0.0, r * chunk_forward, 0.0
+    for c in range(v):
+        if c:
+            start += p * chunk_forward
+        launch = 0.0 if c < 2 else max(0.0, start - p * chunk_forward - r * chunk_forward)
+        done = max(done, launch) + w.chunk_shares[c] * gather_s
+        if done > start:
+            waited, start = waited + done - start, done
+    return waited
 
 
 def _zero3_comm(w: DataParallelWork, pl: Placement, overlap: float, hw: Hardware) -> DataParallelComm:

@@ -422,8 +422,20 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     backward_window = 0.0 if ds_pipeline_reduces_after_flush(ctx.engine, pp) else \
         reduce_layers * (layer.backward_s + layer.recompute_s)
     work = _dp_work(ctx, lay, reduce_layers, m, reduce_layers * layer.forward_s, backward_window, bf16_opt)
+    rank = _stage_rank_holding_most_params(split, params)
+    work = dataclasses.replace(work, **_interleaved_fields(ctx, lay, params, rank, reduce_layers, params.per_gpu))
     dp_comm = _gradient_sync(ctx, lay, lambda elements: dataclasses.replace(work, param_elements=elements),
                              params.per_gpu, reduce_layers)
+    if work.chunk_shares and rank != 0:
+        # Interleaved: stage 0 ends the pipeline with its chunk 0 reduction exposed whole
+        # (comm.interleaved_reduce_exposed_s); the step waits for the most exposed stage.
+        first = dataclasses.replace(work, layers=split.first, forward_window_s=split.first * layer.forward_s,
+                                    backward_window_s=split.first * (layer.backward_s + layer.recompute_s),
+                                    **_interleaved_fields(ctx, lay, params, 0, split.first,
+                                                          params.first_stage_per_gpu))
+        first_comm = _gradient_sync(ctx, lay, lambda elements: dataclasses.replace(first, param_elements=elements),
+                                    params.first_stage_per_gpu, split.first)
+        dp_comm = dataclasses.replace(dp_comm, exposed_s=max(dp_comm.exposed_s, first_comm.exposed_s))
     optimizer_s, offload_s = _optimizer_s(ctx, lay, params.per_gpu, m, reduce_layers)
     step_host_s = cost.ds_step_host_s if ctx.engine == "deepspeed" and hw.host_is_device else 0.0
     offload_host = offload_host_s(ctx, lay, reduce_layers) + zero12_copies_s(ctx, lay, params.per_gpu, m)
@@ -540,7 +552,8 @@ def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_win
         modules=ds_layer_modules(ctx.shape, lay.tp) if ds_zero3 else ())
 
 
-# Layouts that differ only in what the DP traffic does not see (interleaving, splits) share its cost.
+# Layouts that differ only in what the DP traffic does not see (splits, and interleaving outside
+# uses_interleaved_dp_sync) share its cost.
 _data_parallel_comm = lru_cache(maxsize=65536)(data_parallel_comm)
 _hybrid_data_parallel_comm = lru_cache(maxsize=4096)(hybrid_data_parallel_comm)
 
@@ -589,6 +602,44 @@ def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
     with tp > 1 each hand-over is a PartitionedTensor instead, its own meta tensor sent every micro-batch
     (ds_runtime.ds_partitioned_transfers_s)."""
     return 4 if engine == "deepspeed" else 2 * vpp
+
+
+def _stage_rank_holding_most_params(split: StageSplit, params: ParamsEstimate) -> int:
+    """Pipeline rank of the stage :func:`_layers_holding_most_params` picks (first 0, last pp - 1, a middle
+    stage 1: the middle stage that ends its cooldown latest)."""
+    held = {params.first_stage_per_gpu: 0, params.last_stage_per_gpu: split.pp - 1}
+    if split.pp > 2:
+        held.setdefault(params.middle_stage_per_gpu, 1)
+    return held.get(params.per_gpu, 0)
+
+
+def uses_interleaved_dp_sync(ctx: EstimateContext, lay: Layout) -> bool:
+    """Megatron-Core syncs gradients and parameters chunk by chunk: the interleaved schedule (pp > 1,
+    vpp > 1) with DDP or the distributed optimizer (Megatron FSDP, zero_stage 2-3, has its own per-layer
+    hooks: megatron_fsdp.py); see comm.interleaved_reduce_exposed_s."""
+    return ctx.engine == "megatron" and lay.pp > 1 and lay.vpp > 1 and sharding_stage(ctx, lay) <= 1
+
+
+def _interleaved_fields(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, rank: int, layers: int,
+                        elements: int) -> dict:
+    """DataParallelWork's chunk_shares / pp_size / stage_rank of a stage of ``layers`` layers holding
+    ``elements`` parameters per GPU: the layers split evenly over its vpp model chunks, what is not a layer
+    (the embedding on stage 0, the final norm and output layer on the last) in the chunk that holds it:
+    chunk 0 of stage 0 (the first virtual stage), chunk vpp-1 of the last stage (the last virtual stage).
+    {} when the sync is not chunked (:func:`uses_interleaved_dp_sync`)."""
+    if not uses_interleaved_dp_sync(ctx, lay) or elements <= 0:
+        return {}
+    v = lay.vpp
+    layer_part = min(float(elements), layers * layer_params_per_rank(ctx.shape, lay.tp, lay.ep, lay.etp))
+    rest = elements - layer_part
+    shares = [layer_part / v / elements] * v
+    if rank == 0:
+        shares[0] += rest / elements
+    elif rank == lay.pp - 1:
+        shares[-1] += rest / elements
+    else:                        # a middle stage holds layers only: spread what the count rounds away
+        shares = [x + rest / elements / v for x in shares]
+    return {"chunk_shares": tuple(shares), "pp_size": lay.pp, "stage_rank": rank}
 
 
 def _layers_holding_most_params(split: StageSplit, params: ParamsEstimate) -> int:
