@@ -459,8 +459,35 @@ def explain(ctx: EstimateContext, ranked: list[LayoutEstimate], best_overall: _S
                      f"would be {top.step_time_s / best_overall.step_time_s - 1:.1%} faster but needs "
                      f"{_gib(best_overall.total_bytes)}.")
     lines.append(_time_line(top))
+    lines += _host_line(ctx, top)
     lines.append(_network_line(ctx, top))
     return lines
+
+
+HOST_WAIT_SHOWN = 0.05       # the host line appears when the GPU waits for launches this share of the step
+
+
+def _host_line(ctx: EstimateContext, est: LayoutEstimate) -> list[str]:
+    """Where the GPU waits for the host to launch its kernels (est.host_wait_s, part of the compute share): what
+    launches so much, what shortens it, and that the host's price is the least certain part of the figure."""
+    share = est.host_wait_s / est.step_time_s if est.step_time_s > 0 else 0.0
+    if share < HOST_WAIT_SHOWN:
+        return []
+    moe, lay = ctx.shape.moe, est.layout
+    if moe is not None and moe.num_experts // lay.ep > 1:
+        local = moe.num_experts // lay.ep
+        work = "GEMMs and FP8 casts" if ctx.precision == "fp8" else "GEMMs"
+        scaling = (" (current scaling adds an amax and a scale kernel to each cast)"
+                   if ctx.precision == "fp8" and ctx.fp8_recipe == "tensorwise" else "")
+        what = (f"each MoE layer launches the {work} of its {local} local experts one by one{scaling}, and its "
+                f"dispatcher waits for the token counts every layer; a larger parallelism.expert (fewer local "
+                f"experts) shortens it")
+    else:
+        what = (f"layers this small launch more kernels than their GPU time covers; a larger "
+                f"parallelism.micro_batch_size (now {lay.micro_batch_size}) gives each launch more work")
+    return [f"host: the GPU waits {share:.0%} of the step for its kernel launches (eager PyTorch, one host "
+            f"launch per operator at ~13.5 us: TransformerEngine issue #2053); {what}. Every launch is priced at "
+            f"that one average, so this part of the prediction is the least certain."]
 
 
 def to_train_line(est: LayoutEstimate) -> str:

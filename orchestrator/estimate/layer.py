@@ -34,7 +34,8 @@ class RankLayer:
     cp_bytes: float = 0.0      # context-parallel K/V ring
     cp_s: float = 0.0
     cp_exposed_s: float = 0.0
-    host_idle_s: float = 0.0   # GPU time a host-bound layer waits for its launches (moe.py host_idle_s)
+    host_idle_s: float = 0.0   # GPU time a host-bound MoE layer waits for its launches (moe.py host_idle_s)
+    host_wait_s: float = 0.0   # ... and any layer, dense ones too (what the plan reports: LAYOUT host_wait_s)
 
     @property
     def total_s(self) -> float:
@@ -65,9 +66,12 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
     gemm_hw = fp8_gemm_hardware(hw, gpu) if precision == "fp8" else None
     dense = _with_casts(estimate_layer_time(rs, hw, key.tp, key.mb, key.sp, key.recompute, gemm_hw),
                         _dense_cast_rows(rs, key), hw, gemm_hw)
+    dense_gpu = dense
     if gpu != "cpu":     # eager PyTorch launches every kernel from the host (the CPU target counts it as compute)
         dense = with_host_floor(dense, *_plus(dense_host_s(), _nodes_host_s(key, DENSE_LAYER_NODES)))
     layer, ep_bytes, ep_s, idle = dense, 0.0, 0.0, 0.0
+    wait = host_idle_s(dense, dense_gpu)
+    wait = wait if wait > 1e-9 * dense.total_s else 0.0      # a floor that does not bind leaves rounding only
     if shape.moe is not None:
         fp8 = precision == "fp8"
         moe_layer, mlp = moe_gpu_layer(shape, hw, gpu, precision, key, fp8_recipe)
@@ -84,6 +88,7 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
                                                           (nodes_f, nodes_b)))
         share = shape.num_moe_layers / shape.num_layers
         idle = share * host_idle_s(moe_layer, gpu_only)
+        wait = idle + (1 - share) * wait
         layer = _mix(dense, moe_layer, share)
         comm = expert_layer_comm(shape, hw, key.tp, key.cp, key.ep, key.etp, key.mb)
         # The ``moe`` recompute module redoes the forward's dispatch and combine: 3 of the 2 + 2 exchanges.
@@ -92,7 +97,7 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
     layer = with_full_attention(layer, shape, key.cp, hw.kernel_gap_s)
     cp = context_layer_comm(shape, hw, key.tp, key.cp, key.mb, layer.attention_forward_s)
     return RankLayer(time=layer, ep_bytes=ep_bytes, ep_s=ep_s, cp_bytes=cp.bytes, cp_s=cp.seconds,
-                     cp_exposed_s=cp.exposed_s, host_idle_s=idle)
+                     cp_exposed_s=cp.exposed_s, host_idle_s=idle, host_wait_s=wait)
 
 
 def moe_gpu_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: LayerKey,

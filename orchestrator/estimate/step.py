@@ -92,6 +92,7 @@ class LayoutEstimate:
     breakdown: StepBreakdown
     uncertainty: dict          # expected relative error of tokens_per_s, its regime and basis (uncertainty.py)
     to_train: dict | None = None   # days and cost to train training.total_tokens (to_train.py), when the spec says
+    host_wait_s: float = 0.0   # of breakdown.compute_s: the GPU waiting for eager launches (StepTiming.host_wait_s)
 
     @property
     def grad_accum_steps(self) -> int:
@@ -121,7 +122,7 @@ class LayoutEstimate:
             "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
             "hfu": self.hfu, "bubble_fraction": self.bubble_fraction, "comm": self.comm.to_dict(),
             "breakdown": {k: float(v) for k, v in vars(self.breakdown).items()},
-            "uncertainty": dict(self.uncertainty),
+            "host_wait_s": float(self.host_wait_s), "uncertainty": dict(self.uncertainty),
         } | ({"to_train": dict(self.to_train)} if self.to_train is not None else {})
 
 
@@ -335,6 +336,7 @@ def estimate(ctx: EstimateContext, lay: Layout) -> LayoutEstimate:
         tokens_per_s=ctx.global_batch * shape.seq_length / step, tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / hw.peak_flops, hfu=flops.hardware_flops / (step * world) / hw.peak_flops,
         bubble_fraction=bubble_fraction(lay.pp, m, lay.vpp), comm=timing.comm, breakdown=timing.breakdown,
+        host_wait_s=timing.host_wait_s,
         uncertainty=layout_uncertainty(regime_of(ctx.engine, hw.name, lay.pp, lay.zero_stage,
                                                  moe=shape.moe is not None, cp=lay.cp),
                                        calibrated=cost != CostModel()))
@@ -345,6 +347,10 @@ class StepTiming:
     step_time_s: float
     comm: CommEstimate
     breakdown: StepBreakdown
+    # Of breakdown.compute_s (not added to the step again): the time the slowest stage's GPU waits for the host
+    # to launch its layers' kernels (layer.py RankLayer.host_wait_s: eager PyTorch, one launch per operator at
+    # moe.HOST_OP_S; a MoE layer's per-expert launches and the dispatcher's sync), over its micro-batches.
+    host_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -473,7 +479,8 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
                               tp_exposed_s=comm.tp_exposed_s, pp_exposed_s=comm.pp_exposed_s,
                               dp_exposed_s=dp_comm.exposed_s, optimizer_s=optimizer_s, offload_s=offload_s,
                               engine_s=engine_s, contention_s=contention)
-    return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown)
+    host_wait = m * stage_layers * slow * rl.host_wait_s
+    return StepTiming(step_time_s=step, comm=comm, breakdown=breakdown, host_wait_s=host_wait)
 
 
 def _gemm_share(layer) -> float:

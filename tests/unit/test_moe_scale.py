@@ -178,3 +178,24 @@ def test_fp8_current_scaling_runs_three_cast_kernels_per_expert_and_linear():
     assert expert_cast_kernels(16, True, "tensorwise") == 2 * 3 * 16
     assert expert_cast_kernels(16, True, "delayed") == 2
     assert expert_cast_kernels(16, False, "tensorwise") == 0
+
+
+def test_the_plan_says_how_long_the_gpu_waits_for_its_launches():
+    """plan's LAYOUT host_wait_s (part of breakdown.compute_s) and its 'host:' line: Qwen3-30B-A3B FP8 at ep 8
+    (16 local experts) waits for its launches most of the step, at ep 16 (8 local experts) less; a dense
+    70B layer keeps its GPU busy (no wait, no line)."""
+    from orchestrator.planner import search
+
+    share, lines = {}, {}
+    for run in ("mbridge2511_qwen3_30b_a3b_fp8", "mbridge260201_qwen3_30b_a3b_fp8", "mlm0715_gpt_70b_bf16"):
+        result = search(load_spec(ROOT / "tests" / "data" / "published-specs" / f"{run}.yaml"), top_k=1)
+        chosen = result.chosen
+        assert 0 <= chosen.host_wait_s <= chosen.breakdown.compute_s
+        share[run] = chosen.host_wait_s / chosen.step_time_s
+        lines[run] = [r for r in result.reasons if r.startswith("host:")]
+        assert result.to_dict()["chosen"]["host_wait_s"] == pytest.approx(chosen.host_wait_s)
+    assert share["mbridge2511_qwen3_30b_a3b_fp8"] > 0.3
+    assert share["mbridge260201_qwen3_30b_a3b_fp8"] < share["mbridge2511_qwen3_30b_a3b_fp8"]
+    assert "16 local experts" in lines["mbridge2511_qwen3_30b_a3b_fp8"][0]
+    assert "current scaling" in lines["mbridge2511_qwen3_30b_a3b_fp8"][0]
+    assert share["mlm0715_gpt_70b_bf16"] == 0 and not lines["mlm0715_gpt_70b_bf16"]
