@@ -215,8 +215,28 @@ def rule_fp8_recipe(spec: Spec, lay: Layout) -> Problem | None:
     return None
 
 
+# What Megatron-LM core_v0.16.1 can reduce each precision's gradients in (megatron/training/arguments.py):
+# --bf16 (orch's bf16 and fp8 runs) fp32, or bf16 with --grad-reduce-in-bf16; --fp16 fp16, or fp32 with
+# --accumulate-allreduce-grads-in-fp32; fp32 training keeps fp32 gradients (both flags only act under
+# --bf16 / --fp16). DeepSpeed casts to any of the three (communication_data_type).
+MEGATRON_GRAD_REDUCE_DTYPES = {"bf16": ("fp32", "bf16"), "fp8": ("fp32", "bf16"), "fp16": ("fp16", "fp32"),
+                               "fp32": ("fp32",)}
+
+
+def rule_grad_reduce_dtype(spec: Spec, lay: Layout) -> Problem | None:
+    asked, precision = spec.training.grad_reduce_dtype, spec.training.precision
+    if asked is None or engine_of(spec) != "megatron" or asked in MEGATRON_GRAD_REDUCE_DTYPES[precision]:
+        return None
+    allowed = MEGATRON_GRAD_REDUCE_DTYPES[precision]
+    return Problem("training.grad_reduce_dtype", f"grad_reduce_dtype({asked}) with precision({precision}): "
+                   f"Megatron-LM reduces {precision} gradients in {' or '.join(allowed)} only",
+                   f"set training.grad_reduce_dtype to {' or '.join(allowed)}, or remove it (default "
+                   f"{allowed[0]})")
+
+
 MODEL_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_topk, rule_first_dense_layers]
-SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_fp8_engine_gpu, rule_fp8_recipe]
+SPEC_RULES: list[Callable[[Spec, Layout], Problem | None]] = [rule_fp8_engine_gpu, rule_fp8_recipe,
+                                                              rule_grad_reduce_dtype]
 LAYOUT_RULES: list[Callable[[Spec, Layout], Problem | None]] = [
     rule_expert_needs_moe, rule_ep_divides_experts, rule_expert_folding, rule_moe_bias_etp, rule_moe_sequence_parallel,
     rule_expert_group_topology, rule_deepspeed_moe,

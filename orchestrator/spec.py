@@ -56,6 +56,7 @@ Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 Engine = Literal["megatron", "deepspeed"]
+GradReduceDtype = Literal["fp32", "bf16", "fp16"]
 # Megatron-LM core_v0.16.1's --recompute-modules choices (TransformerConfig.recompute_modules).
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 RecomputeMethod = Literal["uniform", "block"]
@@ -244,6 +245,14 @@ class TrainingSpec:
         "Megatron-LM core_v0.16.1). orch plan predicts any "
         "release; orch generate and validate refuse one orch does not write for", pattern=r"[0-9]+(\.[0-9]+){0,2}",
         pattern_hint="a release number such as 0.5 or 0.14.4", omit_if_none=True)
+    grad_reduce_dtype: Optional[GradReduceDtype] = spec_field(
+        None, doc="fp32 | bf16 | fp16: the dtype gradients are reduced in across data parallelism (and Megatron's "
+        "gradient buffer holds); null = the engine's default for training.precision: Megatron fp32 for bf16 and "
+        "fp8 (--bf16 accumulates and all-reduces in fp32 unless --grad-reduce-in-bf16), fp16 for fp16; "
+        "DeepSpeed the training dtype (communication_data_type unset), fp32 with Ulysses (context > 1: "
+        "seq_parallel_communication_data_type); fp32 training: fp32. orch generate writes "
+        "--grad-reduce-in-bf16 / --accumulate-allreduce-grads-in-fp32 or communication_data_type; validate "
+        "refuses a dtype the engine cannot reduce this precision in", omit_if_none=True)
     fp8_recipe: Optional[Literal["delayed", "tensorwise"]] = spec_field(
         None, doc="with precision fp8: the FP8 scaling recipe (Megatron's --fp8-recipe): delayed (amax history) "
         "or tensorwise (per-tensor current scaling, NVIDIA's FP8-CS); null = delayed", omit_if_none=True)

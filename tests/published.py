@@ -440,6 +440,10 @@ def mpt_case(model: str, micro_batch: int, grad_accum: int, recompute: str, toke
         "published": {"tp": 1, "pp": 1, "dp": 64, "micro_batch": micro_batch, "zero_stage": 3, "recompute": recompute,
                       "precision": "bf16", "tokens_per_s_per_gpu": tokens_per_s_per_gpu,
                       "tflops_per_gpu": round(mfu * 312, 1), "engine": "megatron", "dropout": 0.0,
+                      "grad_reduce_dtype": "bf16",
+                      "grad_reduce_source": "the table's 'bf16 PURE': Composer's FSDP mixed precision PURE sets "
+                                            "MixedPrecision's param, reduce and buffer dtypes all to the run's "
+                                            "precision (bf16), so FSDP reduce-scatters bf16 gradients",
                       "dropout_source": "configuration_mpt.py defaults at that commit (emb_pdrop 0, resid_pdrop 0, "
                                         "attn_config attn_pdrop 0); the model yamls set none",
                       "loss": "xentropy",
@@ -457,8 +461,8 @@ def mpt_case(model: str, micro_batch: int, grad_accum: int, recompute: str, toke
         "notes": "Composer's PyTorch FSDP (torch 1.13.1 image of submit_benchmarks.py; modeling_mpt.py fsdp_wrap_fn "
                  "and activation_checkpointing_fn: each MPTBlock, limit_all_gathers) modelled as Megatron FSDP at "
                  "ZeRO-3, the orch engine whose sharding matches (per-layer gathers, overlapped). PURE mixed "
-                 "precision reduces gradients in bf16; the model reduces them in fp32 as Megatron does (twice the "
-                 "reduce-scatter bytes). The loss is flash-attn's fused xentropy: it keeps the bf16 logits and "
+                 "precision reduces gradients in bf16 (training.grad_reduce_dtype bf16, ``grad_reduce_source``). "
+                 "The loss is flash-attn's fused xentropy: it keeps the bf16 logits and "
                  "writes a bf16 gradient, no fp32 softmax (estimate/activations.py LOSS_IMPLS). The MPT-1b row "
                  "without activation checkpointing (micro-batch 20) is modelled at 77.0 GiB: inside the planner's "
                  "5% headroom (76.0 GiB on A100-80GB) but within the 79.2 GiB the GPU holds (activations 67.9 GiB: "
@@ -524,6 +528,8 @@ def throughput_spec_data(case: dict, *, published_layout: bool = True) -> dict:
         data["training"]["cross_entropy_impl"] = SPEC_LOSS[case_loss(case)]
     if case_attention(case) != "catalog":
         data["training"]["attention_impl"] = SPEC_ATTENTION[case_attention(case)]
+    if pub.get("grad_reduce_dtype"):   # the gradient reduction dtype the source states (``grad_reduce_source``)
+        data["training"]["grad_reduce_dtype"] = pub["grad_reduce_dtype"]
     if pub.get("layer_impl"):
         data["training"]["layer_impl"] = pub["layer_impl"]
     if pub.get("eager_norm"):

@@ -8,7 +8,10 @@ A case with no preset names its shape in ``model`` (spec model fields; the BF16 
 recipe ran without Megatron's EP all-to-all overlap (which orch generates wherever it can) says so
 (``ep_a2a_overlap: false``; its spec: parallelism.overlap_moe_expert_parallel_comm false); so does a MoE case whose
 recipe used another FP8 scaling recipe than the delayed scaling orch writes (``fp8_recipe: "tensorwise"``,
-NVIDIA's "FP8-CS"; training.fp8_recipe), which the model reads for the experts' host launches.
+NVIDIA's "FP8-CS"; training.fp8_recipe), which the model reads for the experts' host launches. A case whose recipe
+reduces gradients in another dtype than Megatron-LM's default (fp32 with --bf16) says so (``grad_reduce_dtype``,
+evidence in ``grad_reduce_source``; training.grad_reduce_dtype): Megatron-Bridge's performance configs and NeMo's
+GPT-3 175B FP8 config reduce in bf16.
 
 The loss (``loss``, spec field training.cross_entropy_impl) is Megatron-LM's default, the eager vocab-parallel cross
 entropy, unless a case's recipe fuses it (``vocab_parallel_fused``: NeMo's and Megatron-Bridge's default
@@ -95,6 +98,8 @@ def layout_case_spec_data(case: dict, *, published_layout: bool = True) -> dict:
         training["cross_entropy_impl"] = case["loss"]
     if case.get("fp8_recipe"):
         training["fp8_recipe"] = case["fp8_recipe"]
+    if case.get("grad_reduce_dtype"):   # the recipe's gradient reduction dtype (``grad_reduce_source``)
+        training["grad_reduce_dtype"] = case["grad_reduce_dtype"]
     data = {"name": case["id"][:64], "model": model,
             "cluster": {"gpu": "h100-sxm", "num_nodes": case["gpus"] // GPUS_PER_NODE,
                         "gpus_per_node": GPUS_PER_NODE}, "training": training}

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from .comm import Placement, all_gather_s, grad_sync_size, group_placement, p2p_s
 from .engines import (DS_BF16_HP_GRAD_EXTRA_BYTES, PipeHandOvers, ds_backward_regather_share, ds_bf16_optimizer,
                       ds_pipe_meta_bytes, ds_zero12_copy_bytes, ds_zero3_runtime, gathers_per_layer,
-                      grad_reduce_bytes, param_tensors_per_layer, reference_trainer_modules, TrainerModules)
+                      param_tensors_per_layer, reference_trainer_modules, TrainerModules)
 from .params import ds_layer_modules
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def zero12_copies_s(ctx: EstimateContext, lay: Layout, stage_params: int, m: int
     if ctx.engine != "deepspeed" or lay.zero_stage not in (1, 2) or not ctx.hw.host_is_device or lay.offload != "none":
         return 0.0
     dp = grad_sync_size(lay)
-    nbytes = ds_zero12_copy_bytes(stage_params, grad_reduce_bytes(ctx.engine, ctx.precision, ctx.hw.dtype_bytes),
+    nbytes = ds_zero12_copy_bytes(stage_params, ctx.grad_reduce_bytes(lay.cp),
                                   dp, m, lay.zero_stage)
     return nbytes / ctx.hw.hbm_Bps
 

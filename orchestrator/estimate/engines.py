@@ -123,9 +123,43 @@ def reference_trainer_modules(h: int, bias_widths: tuple[int, ...], rmsnorm: boo
         resident_outside=norm_tensors, tensors_per_layer=5 + len(bias_widths) + 2 * norm_tensors)
 
 
-def grad_reduce_bytes(engine: str, precision: str, dtype_bytes: int) -> int:
-    """Bytes per gradient element on the wire: Megatron reduces bf16 gradients in fp32."""
-    return 4 if engine == "megatron" and precision == "bf16" else dtype_bytes
+GRAD_REDUCE_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# DeepSpeed 0.19.8 reduces a Ulysses run's gradients in ``seq_parallel_communication_data_type`` (engine.py
+# ``_configure_distributed_model``: with sequence_parallel_size > 1 it replaces communication_data_type), whose
+# default is "fp32" (runtime/constants.py SEQ_PARALLEL_COMMUNICATION_DATA_TYPE_DEFAULT, set unconditionally
+# after the NCCL-version branch). Releases before 0.19.8 are not read here: they keep the plain rule.
+DS_SEQ_PARALLEL_FP32_SINCE = (0, 19, 8)
+
+
+def default_grad_reduce_dtype(engine: str, precision: str, cp: int = 1, engine_version: str | None = None) -> str:
+    """The dtype the engine reduces gradients in across data parallelism when training.grad_reduce_dtype is
+    null, for the flags orch writes. Megatron-LM core_v0.16.1 (megatron/training/arguments.py): ``--bf16``
+    (orch's bf16 and fp8 runs) turns ``accumulate_allreduce_grads_in_fp32`` on unless ``--grad-reduce-in-bf16``,
+    and DistributedDataParallel keeps the gradient buffer in fp32 with it (``grad_reduce_in_fp32``,
+    training.py); ``--fp16`` leaves it off (fp16 gradients) unless ``--accumulate-allreduce-grads-in-fp32``.
+    Megatron FSDP takes the same ``grad_reduce_in_fp32``. DeepSpeed 0.19.8 (engine.py
+    ``communication_data_type``): the config's ``communication_data_type``, else fp16 with fp16, bf16 with
+    bf16, fp32 otherwise; a Ulysses run (cp > 1) fp32 (DS_SEQ_PARALLEL_FP32_SINCE)."""
+    if precision == "fp32":
+        return "fp32"
+    if engine == "megatron":
+        return "fp16" if precision == "fp16" else "fp32"
+    if cp > 1 and ds_version(engine_version) >= DS_SEQ_PARALLEL_FP32_SINCE:
+        return "fp32"
+    return "fp16" if precision == "fp16" else "bf16"
+
+
+def resolved_grad_reduce_dtype(engine: str, precision: str, asked: str | None, cp: int = 1,
+                               engine_version: str | None = None) -> str:
+    """training.grad_reduce_dtype, or the engine's default (:func:`default_grad_reduce_dtype`)."""
+    return asked or default_grad_reduce_dtype(engine, precision, cp, engine_version)
+
+
+def grad_reduce_bytes(engine: str, precision: str, asked: str | None = None, cp: int = 1,
+                      engine_version: str | None = None) -> int:
+    """Bytes per gradient element on the wire: the resolved training.grad_reduce_dtype's (Megatron reduces
+    bf16 and fp8 runs' gradients in fp32 by default)."""
+    return GRAD_REDUCE_DTYPE_BYTES[resolved_grad_reduce_dtype(engine, precision, asked, cp, engine_version)]
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from ..layout import engine_of
 from ..spec import Spec, default_host_memory_GiB
 from .cost import CostModel
+from .engines import grad_reduce_bytes
 from .hardware import Hardware, hardware_for
 from .params import ModelShape, model_shape
 from .precision import FP8_RECIPE
@@ -32,6 +33,8 @@ class EstimateContext:
                                   # each layer's input split over the tp ranks
     p2p_overlap: bool = True      # parallelism.overlap_p2p_comm: Megatron's interleaved schedule overlaps its p2p
                                   # exchanges (step.uses_p2p_overlap; False: a Megatron-LM before 2023-05-31)
+    grad_reduce_dtype: str | None = None   # training.grad_reduce_dtype; None: the engine's default
+                                           # (engines.default_grad_reduce_dtype)
 
     @classmethod
     def of(cls, spec: Spec, cost: CostModel | None = None) -> "EstimateContext":
@@ -44,4 +47,10 @@ class EstimateContext:
                    engine_version=t.engine_version, ep_a2a_overlap=p.overlap_moe_expert_parallel_comm is not False,
                    fp8_recipe=t.fp8_recipe or FP8_RECIPE,
                    distribute_saved_activations=bool(p.distribute_saved_activations),
-                   p2p_overlap=p.overlap_p2p_comm is not False)
+                   p2p_overlap=p.overlap_p2p_comm is not False, grad_reduce_dtype=t.grad_reduce_dtype)
+
+    def grad_reduce_bytes(self, cp: int) -> int:
+        """Bytes per gradient element the data-parallel reduction moves, and Megatron's gradient buffer holds,
+        for a layout of context degree ``cp`` (engines.grad_reduce_bytes)."""
+        return grad_reduce_bytes(self.engine, self.precision, self.grad_reduce_dtype, cp,
+                                 self.engine_version)

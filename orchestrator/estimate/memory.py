@@ -41,11 +41,14 @@ def _paper_bytes_per_param(precision: str, fp32_master: bool = False) -> tuple[i
 
 def estimate_model_states(num_params: float, dp: int, zero_stage: int, offload: str = "none",
                           precision: str = "bf16", accounting: str = PAPER,
-                          fp32_master: bool = False) -> ModelStatesEstimate:
-    """Bytes of model states per GPU for ``num_params`` parameters held after TP/PP sharding."""
+                          fp32_master: bool = False, grad_bytes: int | None = None) -> ModelStatesEstimate:
+    """Bytes of model states per GPU for ``num_params`` parameters held after TP/PP sharding; ``grad_bytes``:
+    bytes per gradient element where the engine's gradient buffer is not in the training dtype (Megatron's
+    main_grad buffer in its reduce dtype: training.grad_reduce_dtype)."""
     if accounting == DEEPSPEED:
         return _deepspeed_states(num_params, dp, zero_stage, offload)
     p, g, o = _paper_bytes_per_param(precision, fp32_master)
+    g = grad_bytes or g
     psi, n = num_params, dp
     params = p * psi / n if zero_stage >= 3 else p * psi
     grads = g * psi / n if zero_stage >= 2 else g * psi

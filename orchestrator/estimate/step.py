@@ -33,7 +33,7 @@ from .compute import embedding_time_s, head_time_s, optimizer_step_s, straggler_
 from .cost import CostModel
 from .estimate_context import EstimateContext
 from .engines import (ds_bucket_all_reduce, ds_pipe_hand_overs, ds_pipe_partitioned, ds_pipeline_host_exposed,
-                      ds_pipeline_reduces_after_flush, ds_zero3_runtime, grad_reduce_bytes)
+                      ds_pipeline_reduces_after_flush, ds_zero3_runtime)
 from .flops import FlopsEstimate, estimate_flops
 from .context import rank_shape
 from .ds_memory import ds_zero3_bucket, ds_zero3_live_bytes, ds_zero12_bucket
@@ -192,8 +192,13 @@ def _expert_elements(ctx: EstimateContext, lay: Layout, elements: float, layers:
 def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> ModelStatesEstimate:
     """Model states of a stage's GPU: dense weights sharded over dp x cp, routed experts over edp."""
     expert = _expert_elements(ctx, lay, psi, layers)
+    # Megatron-Core's DistributedDataParallel (and Megatron FSDP) keep the gradient buffer in the reduce dtype:
+    # fp32 with grad_reduce_in_fp32 (distributed_data_parallel.py: ``torch.float if grad_reduce_in_fp32 else
+    # param.dtype``), what --bf16 sets unless --grad-reduce-in-bf16 (engines.default_grad_reduce_dtype).
+    grad_bytes = ctx.grad_reduce_bytes(lay.cp) if ctx.engine == "megatron" else None
     dense = estimate_model_states(psi - expert, shard_group_size(lay), sharding_stage(ctx, lay), lay.offload,
-                                  ctx.precision, fp32_master=ctx.engine == "deepspeed" and lay.zero_stage == 3)
+                                  ctx.precision, fp32_master=ctx.engine == "deepspeed" and lay.zero_stage == 3,
+                                  grad_bytes=grad_bytes)
     if uses_bf16_optimizer(ctx, lay):          # a full fp32 copy of every gradient besides the bf16 one
         dense = dataclasses.replace(dense, grads_bytes=dense.grads_bytes + 4 * (psi - expert))
     if ctx.precision == "fp8":   # Transformer Engine's fp8 copies: the layers' GEMM weights, not the vocabulary's
@@ -202,7 +207,8 @@ def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> 
                                     dense.optimizer_bytes, dense.host_bytes)
     if not expert:
         return dense
-    experts = estimate_model_states(expert, lay.edp // lay.replicas, lay.zero_stage, lay.offload, ctx.precision)
+    experts = estimate_model_states(expert, lay.edp // lay.replicas, lay.zero_stage, lay.offload, ctx.precision,
+                                    grad_bytes=grad_bytes)
     return ModelStatesEstimate(*(getattr(dense, f) + getattr(experts, f) for f in
                                  ("params_bytes", "grads_bytes", "optimizer_bytes", "host_bytes")))
 
@@ -550,7 +556,7 @@ def _dp_work(ctx: EstimateContext, lay: Layout, layers: int, m: int, forward_win
     ds_zero3 = engine == "deepspeed" and lay.zero_stage == 3
     return DataParallelWork(
         engine=engine, zero_stage=sharding_stage(ctx, lay), param_elements=0.0, param_bytes=dtype_bytes,
-        grad_bytes=grad_reduce_bytes(engine, ctx.precision, dtype_bytes), layers=layers,
+        grad_bytes=ctx.grad_reduce_bytes(lay.cp), layers=layers,
         num_microbatches=m, full_recompute=lay.recompute == "full", forward_window_s=forward_window_s,
         backward_window_s=backward_window_s, backward_gather_passes=ds_backward_gather_passes(ctx, lay, layers),
         bucket_all_reduce=engine == "deepspeed" and (ds_bucket_all_reduce(ctx.engine_version, lay.zero_stage)
@@ -716,5 +722,5 @@ def _grad_buffer_zero_s(ctx: EstimateContext, lay: Layout, stage_params: float, 
     ``grad_data.zero_()``), in the gradient's reduce dtype (grad_reduce_bytes; docs/cost-model.md)."""
     if ctx.engine != "megatron" or sharding_stage(ctx, lay) not in (1, 2):
         return 0.0
-    element = grad_reduce_bytes(ctx.engine, ctx.precision, ctx.hw.dtype_bytes)
+    element = ctx.grad_reduce_bytes(lay.cp)
     return element * max(0.0, stage_params - owned) / ctx.hw.hbm_Bps

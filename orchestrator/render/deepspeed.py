@@ -30,6 +30,11 @@ def render_ds_config(plan: Plan) -> dict:
         # Only when asked for: DeepSpeed turns its comms logger on whenever the section exists, whatever its
         # "enabled" says (validate/deepspeed_values.py check_comms_logger).
         config["comms_logger"] = {"enabled": True, "verbose": False, "prof_all": True, "debug": False}
+    if t.grad_reduce_dtype:
+        # The gradient reduction's dtype (DeepSpeed 0.19.8 engine.py communication_data_type); a Ulysses run
+        # reduces in seq_parallel_communication_data_type instead, which replaces it (_configure_distributed_model).
+        config["seq_parallel_communication_data_type" if lay.cp > 1 else "communication_data_type"] = \
+            t.grad_reduce_dtype
     if lay.cp > 1:
         # DeepSpeed-Ulysses (the trainer's own sequence all-to-all): DeepSpeed's batch check then counts
         # dp = world / sequence_parallel_size. No data_parallel_size: with both keys DeepSpeed builds a

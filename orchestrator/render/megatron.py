@@ -35,7 +35,7 @@ def _attention_backend(plan: Plan) -> str:
 
 def render_megatron_args(plan: Plan) -> list[str]:
     """Megatron-LM pretrain_gpt.py arguments, one token per item, in a fixed order."""
-    sections = (_parallel_args, _model_args, _precision_args, _optimizer_args, _schedule_args,
+    sections = (_parallel_args, _model_args, _precision_args, _grad_reduce_args, _optimizer_args, _schedule_args,
                 _batch_args, _checkpoint_args, _data_args, _logging_args, _runtime_args)
     tokens: list[str] = []
     for section in sections:
@@ -161,6 +161,18 @@ def _precision_args(plan: Plan) -> list[str]:
         # Dynamic loss scaling from 2^16, the same start and window as ds_config.json.
         return ["--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "1000", "--hysteresis", "2",
                 "--min-loss-scale", "1.0"]
+    return []
+
+
+def _grad_reduce_args(plan: Plan) -> list[str]:
+    """training.grad_reduce_dtype where it is not Megatron-LM's default for the precision (core_v0.16.1
+    arguments.py: --bf16 reduces in fp32, --fp16 in fp16; parallel_rules.rule_grad_reduce_dtype refuses the
+    rest)."""
+    t = plan.spec.training
+    if t.grad_reduce_dtype == "bf16" and t.precision in ("bf16", "fp8"):
+        return ["--grad-reduce-in-bf16"]
+    if t.grad_reduce_dtype == "fp32" and t.precision == "fp16":
+        return ["--accumulate-allreduce-grads-in-fp32"]
     return []
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..errors import OrchError
+from ..estimate.engines import resolved_grad_reduce_dtype
 from . import checkpoint
 from .engine import StepResult
 
@@ -218,8 +219,11 @@ class MegatronEngine:
 
             chunks = [Float16Module(tconfig, c) for c in chunks]
         dp_size = ps.get_data_parallel_world_size()
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=zero == 1)
+        # The gradient buffer and its reduction in training.grad_reduce_dtype, resolved as Megatron-LM resolves
+        # --bf16 / --fp16 (estimate/engines.py default_grad_reduce_dtype: fp32 with bf16, fp16 with fp16).
+        reduce_dtype = resolved_grad_reduce_dtype("megatron", spec.training.precision, spec.training.grad_reduce_dtype)
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=reduce_dtype == "fp32",
+                                                   overlap_grad_reduce=False, use_distributed_optimizer=zero == 1)
         self.model = [DistributedDataParallel(config=tconfig, ddp_config=ddp_config, module=c,
                                               disable_bucketing=i > 0) for i, c in enumerate(chunks)]
         t, o = spec.training, spec.training.optimizer

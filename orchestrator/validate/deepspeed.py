@@ -254,6 +254,11 @@ def _enabled(section: Any) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() in _TRUE_WORDS)
 
 
+# The dtypes DeepSpeed 0.19.8 reduces gradients in (runtime/config.py get_communication_data_type, lower-cased).
+COMM_DTYPE_KEYS = ("communication_data_type", "seq_parallel_communication_data_type")
+COMM_DTYPES = ("fp32", "bf16", "fp16")
+
+
 def check_precision(config: dict, path: str) -> list[Problem]:
     """fp16 and bf16 are exclusive; the legacy "bfloat16" section is ignored when "bf16" is present."""
     problems = []
@@ -264,6 +269,13 @@ def check_precision(config: dict, path: str) -> list[Problem]:
     if "bf16" in config and "bfloat16" in config:
         problems.append(Problem(_at(path, "bfloat16"), f"ignored: {DS} reads the legacy 'bfloat16' section only "
                                 "when 'bf16' is absent", "merge it into 'bf16' and delete 'bfloat16'"))
+    for key in COMM_DTYPE_KEYS:
+        value = config.get(key)
+        if value is not None and not (isinstance(value, str) and value.lower() in COMM_DTYPES):
+            problems.append(Problem(_at(path, key), f"{value!r} is not a gradient reduction dtype {DS} knows "
+                                    "(runtime/config.py get_communication_data_type raises ValueError)",
+                                    f"use one of {', '.join(COMM_DTYPES)} (orch: training.grad_reduce_dtype), or "
+                                    "remove it"))
     return problems
 
 

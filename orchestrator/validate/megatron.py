@@ -377,7 +377,22 @@ def rule_optimizer(a: MegatronArgs, world_size: int | None) -> list[Problem]:
     if a.get("use_megatron_fsdp") and a.get("ckpt_format") != "fsdp_dtensor":
         problems.append(Problem(a.at("ckpt_format"), "Megatron FSDP saves only --ckpt-format fsdp_dtensor",
                                 "add --ckpt-format fsdp_dtensor"))
-    return problems
+    return problems + _grad_reduce_problems(a)
+
+
+def _grad_reduce_problems(a: MegatronArgs) -> list[Problem]:
+    """The gradient reduction dtype flags Megatron-LM core_v0.16.1 ignores without a word (arguments.py: only
+    --bf16 reads --grad-reduce-in-bf16, which then turns --accumulate-allreduce-grads-in-fp32 off)."""
+    if not a.get("grad_reduce_in_bf16"):
+        return []
+    where = a.at("grad_reduce_in_bf16")
+    if not a.get("bf16"):
+        return [Problem(where, "--grad-reduce-in-bf16 is ignored without --bf16 (Megatron-LM reads it only for bf16 "
+                        "training)", "remove it (orch: training.grad_reduce_dtype bf16 needs precision bf16 or fp8)")]
+    if a.get("accumulate_allreduce_grads_in_fp32"):
+        return [Problem(where, "--grad-reduce-in-bf16 turns --accumulate-allreduce-grads-in-fp32 off: gradients are "
+                        "reduced in bf16", "keep one of the two flags (orch: training.grad_reduce_dtype)")]
+    return []
 
 
 RULES = [rule_required, rule_positive, rule_shape, rule_uneven_split_flags,

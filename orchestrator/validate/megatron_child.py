@@ -105,7 +105,8 @@ def lm_check(request: dict) -> dict:
             stage = "validate_args"
             args = arguments.validate_args(args, dict(PRETRAIN_GPT_DEFAULTS))
             facts.update(data_parallel_size=args.data_parallel_size,
-                         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
+                         virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+                         grad_reduce_in_fp32=bool(args.accumulate_allreduce_grads_in_fp32))
             stage = "num_microbatches"
             facts["num_microbatches"] = _num_microbatches(args)
             if args.tokenizer_type == "NullTokenizer":

@@ -37,6 +37,20 @@ FIXED = {
                                        "data": {"synthetic": False, "path": "/data/llama3_text_document",
                                                 "tokenizer": "meta-llama/Meta-Llama-3-8B"}},
 }
+# training.grad_reduce_dtype: each precision's non-default reduction, and the defaults (Megatron-LM's verdict
+# on the dtype: test_megatron_lm_reduces_gradients_in_the_spec_dtype).
+GRAD_REDUCE = {
+    "gpt-bf16-grad-reduce-default": ({**GPU8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 8,
+                                      "training.global_batch_size": 8}, True),
+    "gpt-bf16-grad-reduce-bf16": ({**GPU8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 8,
+                                   "training.global_batch_size": 8, "training.grad_reduce_dtype": "bf16"}, False),
+    "gpt-fp16-grad-reduce-default": ({**GPU8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 8,
+                                      "training.global_batch_size": 8, "training.precision": "fp16"}, False),
+    "gpt-fp16-grad-reduce-fp32": ({**GPU8, "model.preset": "gpt3-1.7b", "parallelism.tensor": 8,
+                                   "training.global_batch_size": 8, "training.precision": "fp16",
+                                   "training.grad_reduce_dtype": "fp32"}, True),
+}
+FIXED |= {case: data for case, (data, _) in GRAD_REDUCE.items()}
 # Uneven pipeline splits (Megatron's --decoder-first/last-pipeline-num-layers), on "cpu" so that Megatron-LM
 # builds the TransformerConfig here and reports the layers it places on each pipeline rank.
 CPU16 = {"cluster.gpus_per_node": 16, "training.precision": "bf16", "parallelism.zero_stage": 1, "training.engine": "megatron",
@@ -124,6 +138,25 @@ def test_megatron_lm_validate_args_accepts_the_run_dirs_arguments(case, lm_repor
     assert "Transformer Engine" in facts.get("skipped", "Transformer Engine")
     if "layers_per_pipeline_rank" in facts:   # Megatron-Core places the layers the plan's split says
         assert tuple(facts["layers_per_pipeline_rank"]) == plan.stage_split.counts
+    t = plan.spec.training
+    if t.precision != "fp32":   # the reduce dtype the cost model charges is the one Megatron-LM resolves
+        assert facts["grad_reduce_in_fp32"] is (ctx_grad_reduce_dtype(plan) == "fp32")
+
+
+def ctx_grad_reduce_dtype(plan) -> str:
+    from orchestrator.estimate.engines import resolved_grad_reduce_dtype
+
+    t = plan.spec.training
+    return resolved_grad_reduce_dtype("megatron", t.precision, t.grad_reduce_dtype, plan.layout.cp)
+
+
+@pytest.mark.parametrize("case", sorted(GRAD_REDUCE))
+def test_megatron_lm_reduces_gradients_in_the_spec_dtype(case, lm_reports):
+    """Megatron-LM's own resolution of the flags orch writes (accumulate_allreduce_grads_in_fp32, which
+    becomes DistributedDataParallelConfig.grad_reduce_in_fp32) is the dtype the cost model charges."""
+    _, facts = lm_reports[case]
+    assert facts["grad_reduce_in_fp32"] is GRAD_REDUCE[case][1]
+    assert (ctx_grad_reduce_dtype(plan_of(case)) == "fp32") is facts["grad_reduce_in_fp32"]
 
 
 UNEVEN = [case for case in FIXED if "first" in case]

@@ -91,6 +91,8 @@ REJECTED_BY_DEEPSPEED = [
     ("unknown key in bf16", with_(1, bf16={"enabled": True, "enable": True}), DP, "bf16.enable",
      "Extra inputs are not permitted"),
     ("fp16 and bf16 both enabled", with_(1, fp16={"enabled": True}), DP, "fp16", "cannot be simultaneously enabled"),
+    ("communication_data_type fp8 (training.grad_reduce_dtype knows fp32, bf16, fp16)",
+     with_(1, communication_data_type="fp8"), DP, "communication_data_type", "Invalid communication_data_type"),
     ("ZeRO stage 4", with_(1, zero_optimization__stage=4), DP, "zero_optimization.stage",
      "Input should be 0, 1, 2, 3"),
     ("offload device gpu", with_(3, zero_optimization__offload_param={"device": "gpu"}), DP,

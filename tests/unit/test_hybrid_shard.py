@@ -72,20 +72,29 @@ def test_zero1_runs_the_distributed_optimizer_in_instances_without_fsdp():
 
 @pytest.mark.parametrize("shard", [2, 8])
 def test_zero1_and_zero2_states_follow_the_paper_over_the_shard_group(shard):
-    """Rajbhandari et al. 2020, 3.1, with N = shard_degree: 4 + 12/N and 2 + 14/N bytes per parameter."""
+    """Rajbhandari et al. 2020, 3.1, with N = shard_degree: 4 + 12/N and 2 + 14/N bytes per parameter with
+    16-bit gradients (training.grad_reduce_dtype bf16); Megatron's default fp32 gradient buffer adds 2 bytes
+    per gradient element: 6 + 12/N and 2 + 16/N."""
     psi = 1.2e9
-    for zero, expected in ((1, 4 * psi + 12 * psi / shard), (2, 2 * psi + 14 * psi / shard)):
-        s = spec(**{"parallelism.zero_stage": zero, "parallelism.shard_degree": shard})
-        assert model_states(EstimateContext.of(s), require_complete(s), psi, 24).total_bytes == pytest.approx(expected)
+    for zero, paper, fp32_grads in ((1, 4 * psi + 12 * psi / shard, 6 * psi + 12 * psi / shard),
+                                    (2, 2 * psi + 14 * psi / shard, 2 * psi + 16 * psi / shard)):
+        for asked, expected in (("bf16", paper), (None, fp32_grads)):
+            s = spec(**{"parallelism.zero_stage": zero, "parallelism.shard_degree": shard,
+                        "training.grad_reduce_dtype": asked})
+            states = model_states(EstimateContext.of(s), require_complete(s), psi, 24)
+            assert states.total_bytes == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("shard", [2, 4, 8, 16])
 def test_model_states_are_16_psi_over_shard_degree(shard):
-    s = spec(**{"parallelism.shard_degree": shard})
+    s = spec(**{"parallelism.shard_degree": shard, "training.grad_reduce_dtype": "bf16"})
     ctx, lay, psi = EstimateContext.of(s), require_complete(s), 1.2e9
     states = model_states(ctx, lay, psi, 24)
     assert states.total_bytes == pytest.approx(16 * psi / shard)
     assert (states.params_bytes, states.grads_bytes) == pytest.approx((2 * psi / shard, 2 * psi / shard))
+    fp32 = spec(**{"parallelism.shard_degree": shard})   # Megatron FSDP's default: an fp32 gradient shard
+    assert model_states(EstimateContext.of(fp32), require_complete(fp32), psi, 24).grads_bytes == \
+        pytest.approx(4 * psi / shard)
 
 
 def hw():
