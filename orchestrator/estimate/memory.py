@@ -99,31 +99,42 @@ class OverheadEstimate:
         return self.fragmentation_bytes
 
 
+@dataclass(frozen=True)
+class EngineBuffers:
+    """What the engine's own code says it holds, where :func:`estimate_overheads`'s generic rules would guess
+    (built per engine by estimate/step.py ``engine_buffers``).
+
+    ``bucket_views``: the gradient buckets are views into the contiguous gradient buffer the model states
+    already count (Megatron-Core's DistributedDataParallel and distributed optimizer, param_and_grad_buffer.py),
+    so they add nothing (Megatron FSDP's are transient buffers of their own: counted). ``bucket_bytes`` and
+    ``zero3_live_bytes`` replace the generic bucket and ZeRO-3 live-parameter rules (DeepSpeed: the buckets of
+    ZeRO-1/2 and ZeRO-3 and the gathered parameters at the peak, estimate/ds_memory.py); None: the rule."""
+
+    bucket_views: bool = False
+    bucket_bytes: float | None = None
+    zero3_live_bytes: float | None = None
+
+
 def estimate_overheads(cost: CostModel, *, num_groups: int, dp: int, zero_stage: int, local_grad_bytes: float,
                        largest_layer_params: int, activations_bytes: float, dtype_bytes: int = 2,
-                       runtime_bytes: int | None = None, bucket_views: bool = False,
-                       zero3_live_bytes: float | None = None, bucket_bytes: float | None = None,
-                       host_is_device: bool = False) -> OverheadEstimate:
+                       runtime_bytes: int | None = None, host_is_device: bool = False,
+                       engine: EngineBuffers = EngineBuffers()) -> OverheadEstimate:
     """The explicit overhead terms for one GPU (see CostModel for each default's reason).
 
     ``runtime_bytes`` replaces the CUDA context where the accelerator has none (the catalog's cpu entry);
-    ``bucket_views``: the gradient buckets are views into the contiguous gradient buffer the model states
-    already count (Megatron-Core's DistributedDataParallel and distributed optimizer, param_and_grad_buffer.py),
-    so they add nothing (Megatron FSDP's are transient buffers of their own: counted). ``zero3_live_bytes`` and
-    ``bucket_bytes`` replace the generic ZeRO-3 live-parameter and bucket rules where the engine's own code says
-    what it holds (DeepSpeed ZeRO-3: estimate/ds_memory.py). ``host_is_device``: ranks are CPU processes
-    (the catalog's cpu entry): they communicate through gloo, which keeps no NCCL buffers, and of the two
-    buckets only the pages the gradient copies wrote are resident (the second is written only when the
-    gradient outgrows the first).
+    ``host_is_device``: ranks are CPU processes (the catalog's cpu entry): they communicate through gloo, which
+    keeps no NCCL buffers, and of the two buckets only the pages the gradient copies wrote are resident (the
+    second is written only when the gradient outgrows the first). ``engine``: what the engine's code says it
+    holds instead (:class:`EngineBuffers`).
     """
-    buckets = 2 * min(local_grad_bytes, cost.dp_bucket_bytes) if dp > 1 and not bucket_views else 0.0
+    buckets = 2 * min(local_grad_bytes, cost.dp_bucket_bytes) if dp > 1 and not engine.bucket_views else 0.0
     if host_is_device and buckets:
         buckets = min(local_grad_bytes, 2 * cost.dp_bucket_bytes)
-    if bucket_bytes is not None and dp > 1:
-        buckets = bucket_bytes
+    if engine.bucket_bytes is not None and dp > 1:
+        buckets = engine.bucket_bytes
     live = ZERO3_LIVE_FACTOR * largest_layer_params * dtype_bytes / 2 if zero_stage == 3 else 0.0
-    if zero3_live_bytes is not None and zero_stage == 3:
-        live = zero3_live_bytes
+    if engine.zero3_live_bytes is not None and zero_stage == 3:
+        live = engine.zero3_live_bytes
     context = cost.cuda_context_bytes if runtime_bytes is None else runtime_bytes
     return OverheadEstimate(cuda_context_bytes=context,
                             nccl_bytes=0.0 if host_is_device else num_groups * cost.nccl_bytes_per_group,

@@ -45,7 +45,7 @@ from .layer import LayerKey, RankLayer, moe_activation_scale, rank_layer
 from .moe import expert_work, exposed_all_to_all_s, unpaired_share, uses_ep_a2a_overlap
 from .overlap import contention_s, layer_gemms, nccl_overlap_slowdown
 from .recompute import module_savings
-from .memory import (MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
+from .memory import (EngineBuffers, MemoryEstimate, ModelStatesEstimate, busiest_stage, estimate_model_states, estimate_overheads,
                      stage_memory, with_stage_totals)
 from .params import (ModelShape, ParamsEstimate, ds_layer_modules, estimate_params, expert_params_per_layer_per_rank,
                      largest_module_per_rank, layer_params_per_rank)
@@ -213,10 +213,17 @@ def model_states(ctx: EstimateContext, lay: Layout, psi: float, layers: int) -> 
                                  ("params_bytes", "grads_bytes", "optimizer_bytes", "host_bytes")))
 
 
-def _ds_bucket(ctx: EstimateContext, lay: Layout, psi: float) -> float | None:
-    """DeepSpeed's own gradient buckets where its code says what it allocates (estimate/ds_memory.py)."""
+def engine_buffers(ctx: EstimateContext, lay: Layout, params: ParamsEstimate, psi: float) -> EngineBuffers:
+    """What the engine's code says a stage holding ``psi`` parameters per GPU keeps besides its model states:
+    Megatron's DDP / distributed optimizer buckets are views into its gradient buffer; DeepSpeed's own buckets
+    and ZeRO-3's gathered parameters where its code says what it allocates (estimate/ds_memory.py)."""
+    if ctx.engine == "megatron":
+        return EngineBuffers(bucket_views=lay.zero_stage < 3)
+    if ctx.engine != "deepspeed":
+        return EngineBuffers()
     zero3 = ds_zero3_bucket(ctx, lay, psi)
-    return zero3 if zero3 is not None else ds_zero12_bucket(ctx, lay)
+    return EngineBuffers(bucket_bytes=zero3 if zero3 is not None else ds_zero12_bucket(ctx, lay),
+                         zero3_live_bytes=ds_zero3_live_bytes(ctx, lay, params))
 
 
 def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None = None,
@@ -238,9 +245,7 @@ def estimate_memory(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | 
                                   local_grad_bytes=psi * hw.dtype_bytes,
                                   largest_layer_params=zero3_gather_unit(ctx, lay, params), activations_bytes=act,
                                   dtype_bytes=hw.dtype_bytes, runtime_bytes=hw.runtime_bytes,
-                                  bucket_views=ctx.engine == "megatron" and lay.zero_stage < 3,
-                                  zero3_live_bytes=ds_zero3_live_bytes(ctx, lay, params),
-                                  bucket_bytes=_ds_bucket(ctx, lay, psi), host_is_device=hw.host_is_device)
+                                  host_is_device=hw.host_is_device, engine=engine_buffers(ctx, lay, params, psi))
         stages.append(stage_memory(states, act, over, hbm_bytes=hw.hbm_bytes, capacity_bytes=hw.capacity_bytes,
                                    headroom=cost.hbm_headroom, stage=name, host_capacity_bytes=ctx.host_capacity_bytes))
     busiest = dataclasses.replace(busiest_stage(*stages), floor_peak_bytes=max(m.floor_bytes for m in stages))
