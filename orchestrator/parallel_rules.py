@@ -10,8 +10,8 @@ shown, a fix in the hint, open fields pass) and follows the spec's engine:
   validate_args asserts seq_length % (2 * cp) == 0) and needs fused attention (Transformer Engine's
   DotProductAttention implements the ring exchange).
 * DeepSpeed (DeepSpeed-MoE, Rajbhandari et al. 2022; ``deepspeed.moe.layer.MoE``): expert-parallel groups
-  are carved out of the data-parallel ranks (ep divides dp), the gate supports top-1 and top-2 only, and
-  expert tensor parallelism reuses the model's tp group; ``context`` is the DeepSpeed-Ulysses degree
+  are carved out of the data-parallel ranks (ep divides dp), the gate supports top-1 and top-2 only before
+  0.15.0 (any top-k since), and expert tensor parallelism reuses the model's tp group; ``context`` is the DeepSpeed-Ulysses degree
   (Jacobs et al. 2023, arXiv 2309.14509): its all-to-all trades the sequence split for a head split, so the
   heads and the sequence must divide by it.
 * FP8 (Transformer Engine "Using FP8 with Transformer Engine"): Megatron engine only, on Hopper or newer
@@ -25,6 +25,17 @@ from .catalog.gpus import GPUS
 from .errors import Problem
 from .layout import FIELD_PATHS, Layout, _known, engine_of
 from .spec import Spec
+
+# DeepSpeed's TopKGate takes any k >= 1 (``topkgating``) since v0.15.0 (PR #5881, 2024-08-15); top-1 and top-2
+# only before (``raise ValueError('Only top-1 and top-2 gatings are supported.')``).
+DS_TOPK_GATE_SINCE = (0, 15, 0)
+
+
+def _ds_release(version: str | None) -> tuple[int, ...]:
+    """A DeepSpeed release as a tuple (estimate.engines.ds_version, which this module cannot import: a cycle)."""
+    from .validate._deepspeed_keys_data import DEEPSPEED_VERSION  # noqa: PLC0415
+
+    return tuple(int(p) for p in (version or DEEPSPEED_VERSION).split(".")[:3] if p.isdigit())
 
 FP8_ALIGNMENT = 16   # TE FP8 GEMMs: both GEMM dimensions of a weight a multiple of 16 (TE docs)
 
@@ -119,7 +130,7 @@ def rule_expert_group_topology(spec: Spec, lay: Layout) -> Problem | None:
 
 
 def rule_deepspeed_moe(spec: Spec, lay: Layout) -> Problem | None:
-    """DeepSpeed-MoE: ep divides dp; top-1 or top-2 gating; expert tensor parallelism only over the tp group."""
+    """DeepSpeed-MoE: ep divides dp; top-1 or top-2 gating before 0.15.0; expert tensor parallelism only over the tp group."""
     moe = spec.model.moe
     if moe is None or engine_of(spec) != "deepspeed":
         return None
@@ -127,9 +138,11 @@ def rule_deepspeed_moe(spec: Spec, lay: Layout) -> Problem | None:
         return Problem(FIELD_PATHS["ep"], f"DeepSpeed-MoE carves expert groups out of the data-parallel ranks: "
                        f"dp({lay.dp}) % ep({lay.ep}) = {lay.dp % lay.ep}, must be 0",
                        "use an expert-parallel degree that divides dp, or training.engine: megatron")
-    if moe.router_topk > 2:
-        return Problem("model.moe.router_topk", f"DeepSpeed-MoE's gate supports top-1 and top-2, got "
-                       f"router_topk({moe.router_topk})", "use router_topk 1 or 2, or training.engine: megatron")
+    version = spec.training.engine_version
+    if moe.router_topk > 2 and _ds_release(version) < DS_TOPK_GATE_SINCE:
+        return Problem("model.moe.router_topk", f"DeepSpeed-MoE's gate before 0.15.0 supports top-1 and top-2, got "
+                       f"router_topk({moe.router_topk}) with engine_version({version})",
+                       "use router_topk 1 or 2, engine_version 0.15.0 or later, or training.engine: megatron")
     if _known(lay.etp, lay.tp) and lay.etp not in (1, lay.tp):
         return Problem(FIELD_PATHS["etp"], f"DeepSpeed-MoE shards experts over the model's tp group or not at "
                        f"all: etp({lay.etp}) must be 1 or tp({lay.tp})", "set expert_tensor: 1, or the tensor degree")

@@ -60,8 +60,9 @@ def test_context_open_unless_tensor_and_pipeline_fixed():
     ({"parallelism.context": 2, "parallelism.data": 2}, "parallelism.data", "cp(2)"),
     ({**MOE, "model.moe": {"router_topk": 5}}, "model.moe.router_topk", "router_topk(5) > num_experts(4)"),
     ({**MOE, "model.moe": {"first_dense_layers": 4}}, "model.moe.first_dense_layers", "no layer would be MoE"),
-    # DeepSpeed engine (the CPU default): DeepSpeed-MoE's top-2 gate, ep | dp, Ulysses heads and sequence
-    ({**MOE, "model.moe": {"router_topk": 3}}, "model.moe.router_topk", "top-1 and top-2"),
+    # DeepSpeed engine (the CPU default): DeepSpeed-MoE's top-2 gate before 0.15.0, ep | dp, Ulysses heads and sequence
+    ({**MOE, "model.moe": {"router_topk": 3}, "training.engine_version": "0.14.4"}, "model.moe.router_topk",
+     "before 0.15.0 supports top-1 and top-2"),
     ({**MOE, "parallelism.tensor": 2, "parallelism.expert": 4, "cluster.gpus_per_node": 4}, "parallelism.expert",
      "dp(2) % ep(4)"),
     ({"parallelism.context": 2, "parallelism.data": 1, "model.num_attention_heads": 2, "model.hidden_size": 128,
@@ -92,6 +93,14 @@ def test_moe_and_context_rules(overrides, path, words):
     with pytest.raises(SpecError) as info:
         parse_spec(spec_data(**overrides))
     assert any(p.path == path and words in p.message for p in info.value.problems), info.value.problems
+
+
+def test_deepspeed_moe_takes_any_topk_since_0_15():
+    """DeepSpeed 0.15.0 (PR #5881) added topkgating: TopKGate takes k > 2, so top-8 (Qwen3, OLMoE) plans with
+    engine deepspeed at the release orch writes for (the layout sweep found it refused)."""
+    data = spec_data(**MOE, **{"model.moe": {"router_topk": 3}, "parallelism.expert": 2})
+    assert parse_spec(data).model.moe.router_topk == 3
+    assert parse_spec(spec_data(**MOE, **{"model.moe": {"router_topk": 3}, "training.engine_version": "0.15.0"}))
 
 
 def test_fp8_is_a_precision():
