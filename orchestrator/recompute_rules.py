@@ -84,15 +84,48 @@ def rule_recompute_modules(spec: Spec, lay: Layout) -> Problem | None:
     return None
 
 
-def rule_recompute_num_layers(spec: Spec, lay: Layout) -> Problem | None:
-    n = spec.parallelism.recompute_num_layers
-    if n is None or not _known(lay.pp, lay.vpp):
+def chunk_layer_counts(num_layers: int, lay: Layout) -> set[int] | None:
+    """The transformer-layer counts of the model chunks (one pipeline stage's share of one virtual stage),
+    as Megatron-Core builds them (transformer_block.py get_num_layers_to_build); None while the split is open
+    or not one the split rules accept (they report it)."""
+    if not _known(lay.pp, lay.vpp) or lay.pp < 1 or lay.vpp < 1:
         return None
-    per_chunk = spec.model.num_layers // (lay.pp * lay.vpp)
-    if per_chunk >= 1 and n > per_chunk:
-        return Problem(f"{P}.recompute_num_layers", f"recompute_num_layers({n}) > num_layers"
-                       f"({spec.model.num_layers}) // (pp({lay.pp}) * vpp({lay.vpp})) = {per_chunk} layers per "
-                       "model chunk", f"use 1 to {per_chunk}")
+    if lay.account_split:     # the embedding and the loss each take one layer's place in the first / last chunk
+        per_stage = (num_layers + 2) // lay.pp
+        if (num_layers + 2) % lay.pp or per_stage % lay.vpp:
+            return None
+        per = per_stage // lay.vpp
+        return {per - 1} if lay.pp == 2 and lay.vpp == 1 else {per, per - 1}
+    first, last = lay.first_stage_layers, lay.last_stage_layers
+    given = [c for c in (first, last) if c is not None] if lay.pp > 1 else []
+    rest, stages = num_layers - sum(given), lay.pp - len(given)
+    if rest < 0 or (stages and rest % stages):
+        return None
+    stage_counts = set(given) | ({rest // stages} if stages else set())
+    if any(c % lay.vpp for c in stage_counts):
+        return None
+    return {c // lay.vpp for c in stage_counts}
+
+
+def rule_recompute_num_layers(spec: Spec, lay: Layout) -> Problem | None:
+    """--recompute-method uniform checkpoints groups of recompute_num_layers layers of each model chunk:
+    Megatron-Core (transformer_block.py _checkpointed_forward) steps layer_idx by that group size up to the
+    chunk's layer count and indexes self.layers[layer_idx:layer_idx + n], so a count the group does not divide
+    reaches past the chunk (IndexError). block recomputes the first recompute_num_layers layers of each chunk:
+    any count is accepted (more than the chunk's layers recomputes them all)."""
+    p = spec.parallelism
+    n = p.recompute_num_layers
+    if n is None or (p.recompute_method or "uniform") != "uniform":
+        return None
+    counts = chunk_layer_counts(spec.model.num_layers, lay)
+    bad = sorted(c for c in counts or () if c > 0 and c % n)
+    if bad:
+        return Problem(f"{P}.recompute_num_layers", f"recompute_method uniform recomputes groups of "
+                       f"recompute_num_layers({n}) layers, which do not divide the {bad[0]} layers of a model chunk "
+                       f"(num_layers({spec.model.num_layers}), pp({lay.pp}), vpp({lay.vpp}); Megatron-Core's "
+                       "uniform groups would reach past the chunk)",
+                       f"use a recompute_num_layers that divides {', '.join(map(str, sorted(counts)))}, "
+                       "or recompute_method: block")
     return None
 
 

@@ -58,7 +58,9 @@ RULE_CASES = [
     ({**MIXTRAL, "parallelism.recompute": "selective", "parallelism.recompute_method": "block"},
      "parallelism.recompute_method", "recompute_method(block) needs recompute: full, got recompute(selective)"),
     ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute": "full", "parallelism.recompute_num_layers": 7},
-     "parallelism.recompute_num_layers", "recompute_num_layers(7) > num_layers(24) // (pp(2) * vpp(2)) = 6"),
+     "parallelism.recompute_num_layers", "recompute_num_layers(7) layers, which do not divide the 6 layers"),
+    ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute": "full", "parallelism.recompute_method": "uniform",
+      "parallelism.recompute_num_layers": 4}, "parallelism.recompute_num_layers", "do not divide the 6 layers"),
     ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute": "selective", "parallelism.recompute_modules": ["moe"]},
      "parallelism.recompute_modules[0]", "moe needs a MoE model"),
     ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute": "selective",
@@ -78,6 +80,32 @@ RULE_CASES = [
     ({"parallelism.recompute": "selective", "parallelism.recompute_modules": ["core_attn"]},
      "parallelism.recompute_modules", "a Megatron option; engine(deepspeed)"),
 ]
+
+
+@pytest.mark.parametrize("method,n,extra", [
+    ("block", 7, {}),           # more than the chunk's 6 layers: Megatron-Core recomputes all six
+    ("block", 2, {}),
+    ("uniform", 3, {}),         # 3 divides the 6 layers of each chunk
+    ("uniform", 2, {"parallelism.virtual_pipeline": 1, "parallelism.pipeline": 2}),
+])
+def test_recompute_num_layers_megatron_accepts(method, n, extra):
+    """What Megatron-Core's _checkpointed_forward runs (the layout sweep found block with n > the chunk's
+    layers refused): block takes any count, uniform a group size dividing each chunk's layers."""
+    spec = parse_spec(spec_data(**{**MEGATRON_LAYOUTS["pp2-vpp2"], **extra, "parallelism.recompute": "full",
+                                   "parallelism.recompute_method": method, "parallelism.recompute_num_layers": n}))
+    assert spec.parallelism.recompute_num_layers == n
+
+
+def test_recompute_num_layers_uniform_counts_uneven_and_accounted_chunks():
+    """Uneven first / last stages and the embedding / loss accounted for make chunks of other sizes: uniform's
+    group must divide each of them."""
+    from orchestrator.recompute_rules import chunk_layer_counts
+
+    assert chunk_layer_counts(24, Layout(pp=2, vpp=2)) == {6}
+    assert chunk_layer_counts(30, Layout(pp=4, vpp=1, first_stage_layers=6, last_stage_layers=6)) == {6, 9}
+    assert chunk_layer_counts(126, Layout(pp=8, vpp=4, account_split=True)) == {4, 3}
+    assert chunk_layer_counts(30, Layout(pp=2, vpp=1, account_split=True)) == {15}
+    assert chunk_layer_counts(30, Layout(pp=4, vpp=None)) is None
 
 
 @pytest.mark.parametrize("overrides,path,text", RULE_CASES, ids=[c[2][:40] for c in RULE_CASES])
