@@ -179,7 +179,9 @@ def rule_ulysses_heads(spec: Spec, lay: Layout) -> Problem | None:
         per_rank = heads // lay.tp
         if per_rank % lay.cp:
             return Problem(FIELD_PATHS["cp"], f"Ulysses degree cp({lay.cp}) must divide {name}({heads}) / "
-                           f"tp({lay.tp}) = {per_rank}", f"use a context degree that divides {per_rank}")
+                           f"tp({lay.tp}) = {per_rank}", f"use a context degree that divides {per_rank}, or a smaller "
+                           f"tensor degree (tp * cp dividing {heads})" if per_rank > 1 else
+                           f"set context: 1, or a smaller tensor degree (tp * cp dividing {heads})")
     return None
 
 
