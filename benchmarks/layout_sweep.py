@@ -53,7 +53,8 @@ from orchestrator.spec_loader import parse_spec  # noqa: E402
 GPN = 8
 NODES = (1, 2, 4, 8, 16, 32, 64, 128, 288)
 GPUS_ = ("h100-sxm", "a100-80gb", "a100-40gb", "h200", "b200")
-FP8_GPUS = ("h100-sxm", "h200", "b200")
+ALL_GPUS = ("h100-sxm", "a100-80gb", "a100-40gb", "h200", "b200", "h100-pcie", "mi300x", "l40s")
+FP8_GPUS = ("h100-sxm", "h200", "b200", "h100-pcie", "l40s")
 GBS = (8, 16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 8192)
 
 _GPT = {"seq_length": 2048, "vocab_size": 50257, "gated_mlp": False, "tie_embeddings": True,
@@ -219,7 +220,49 @@ def _gbs(rng: random.Random, dp: int, mb: int, pp: int) -> int:
     return rng.choice(ok) if ok else unit * rng.choice([1, 2, 4])
 
 
-def make_case(rng: random.Random, name: str, gpu: str, engine: str) -> Case:
+def _extras(rng: random.Random, data: dict, m: dict, engine: str) -> None:
+    """The software fields real specs also set, each now and then: offload, distributed saved activations, the
+    pipeline / expert overlaps, MoE capacity, dispatcher and dense / shared layers, kernels, tokens to train."""
+    par, training, model = data["parallelism"], data["training"], data["model"]
+    r = rng.random
+    if engine == "deepspeed" and par["zero_stage"] >= 2 and r() < 0.3:
+        par["offload"] = rng.choice(["optimizer", "optimizer+params"] if par["zero_stage"] == 3 else ["optimizer"])
+    if engine == "megatron" and par["recompute"] == "full" and par["tensor"] > 1 and r() < 0.4:
+        par["sequence_parallel"] = False if not m.get("moe") else par.get("sequence_parallel")
+        if not par["sequence_parallel"]:
+            par["distribute_saved_activations"] = True
+    if engine == "megatron" and par.get("virtual_pipeline", 1) > 1 and r() < 0.3:
+        par["overlap_p2p_comm"] = False
+    if m.get("moe") and engine == "megatron" and r() < 0.5:
+        moe = dict(m["moe"])
+        if r() < 0.3:
+            moe["capacity_factor"] = rng.choice([1.0, 1.25, 2.0])
+        if r() < 0.3:
+            moe["token_dispatcher"] = rng.choice(["alltoall", "allgather", "flex_deepep", "flex_hybridep"])
+        if r() < 0.2:
+            moe["first_dense_layers"] = rng.choice([1, 3])
+        if r() < 0.2:
+            moe["shared_expert_ffn_hidden_size"] = rng.choice([1024, 2048])
+        if r() < 0.2:
+            moe["router_force_load_balancing"] = True
+        if "preset" in model:
+            model["moe"] = moe
+        else:
+            model["moe"] = {**model["moe"], **moe}
+        if r() < 0.3:
+            par["overlap_moe_expert_parallel_comm"] = rng.choice([True, False])
+    if r() < 0.2:
+        training["cross_entropy_impl"] = rng.choice(["vocab_parallel", "vocab_parallel_fused", "torch"])
+    if r() < 0.1:
+        training["attention_impl"] = rng.choice(["flash_attn_2", "flash_attn_triton"])
+    if r() < 0.2:
+        training["total_tokens"] = rng.choice([1e12, 15e12])
+    if r() < 0.1:
+        model["hidden_dropout"] = 0.1
+        model["attention_dropout"] = 0.1
+
+
+def make_case(rng: random.Random, name: str, gpu: str, engine: str, extras: bool = False) -> Case:
     m = model_fields(name)
     par, nodes, prec = _layout(rng, m, engine, gpu)
     model = {"preset": name} if name in MODELS else m
@@ -230,6 +273,8 @@ def make_case(rng: random.Random, name: str, gpu: str, engine: str) -> Case:
         training["fp8_recipe"] = rng.choice(["delayed", "tensorwise"])
     data = {"name": "sweep", "model": model, "cluster": {"gpu": gpu, "num_nodes": nodes, "gpus_per_node": GPN},
             "training": training, "parallelism": par}
+    if extras:
+        _extras(rng, data, m, engine)
     label = f"{name}/{gpu}/{engine}/n{nodes}/" + tag(par) + f"/{prec}/gbs{training['global_batch_size']}"
     return Case(label, data)
 
@@ -254,14 +299,14 @@ def tag(p: dict) -> str:
     return " ".join(parts)
 
 
-def cases(n: int, seed: int = 0) -> list[Case]:
-    """n deterministic cases, cycling over models x GPUs x engines."""
+def cases(n: int, seed: int = 0, extras: bool = False, gpus=GPUS_) -> list[Case]:
+    """n deterministic cases, cycling over models x GPUs x engines; ``extras``: also the software fields."""
     rng = random.Random(seed)
-    combos = [(m, g, e) for m in model_names() for g in GPUS_ for e in ("megatron", "deepspeed")]
+    combos = [(m, g, e) for m in model_names() for g in gpus for e in ("megatron", "deepspeed")]
     out = []
     for i in range(n):
         m, g, e = combos[i % len(combos)]
-        out.append(make_case(rng, m, g, e))
+        out.append(make_case(rng, m, g, e, extras))
     return out
 
 
@@ -369,7 +414,10 @@ def run_case(case: Case) -> Result:
 
 
 def check_rundir(res: Result, deep: bool) -> str | None:
-    """Write the plan as a run dir and validate it; None when clean, else the problem(s) or traceback."""
+    """Write the plan as a run dir (what `orch generate` does) and validate it; None when clean, else
+    "generate-refused: ..." (a SpecError of orch generate's own rules: the fields docs/spec.md says orch plan
+    predicts but orch generate refuses), "validate: ..." (problems in the run dir orch wrote: a bug) or
+    "EXCEPTION ..." (a bug)."""
     from orchestrator.rundir import write_run_dir
     from orchestrator.validate import validate_path
 
@@ -379,9 +427,9 @@ def check_rundir(res: Result, deep: bool) -> str | None:
             write_run_dir(res.plan, out)
             problems = validate_path(out, deep=deep)
             if problems:
-                return "; ".join(str(p) for p in problems)[:600]
+                return "validate: " + "; ".join(str(p) for p in problems)[:600]
     except SpecError as e:
-        return "generate refused: " + "; ".join(f"{p.path}: {p.message}" for p in e.problems)[:600]
+        return "generate-refused: " + "; ".join(f"{p.path}: {p.message}" for p in e.problems)[:600]
     except Exception:  # noqa: BLE001
         return "EXCEPTION " + traceback.format_exc()
     return None
@@ -399,11 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rundirs", type=int, default=40, help="planned specs also generated + validated")
     ap.add_argument("--deep", action="store_true", help="run dirs also checked by DeepSpeed / Megatron-Core")
     ap.add_argument("--only", default="")
+    ap.add_argument("--extras", action="store_true", help="also set the software fields (offload, overlaps, MoE "
+                    "capacity / dispatcher, kernels, dropout, ...)")
+    ap.add_argument("--all-gpus", action="store_true", help="every GPU of the catalog but cpu")
     ap.add_argument("--show-refusals", action="store_true", help="one example per refusal kind")
     ap.add_argument("--show-mem", action="store_true", help="every memory refusal")
     args = ap.parse_args(argv)
     t0 = time.time()
-    results = [run_case(c) for c in recipe_cases() + cases(args.n, args.seed) if args.only in c.label]
+    results = [run_case(c) for c in recipe_cases() + cases(args.n, args.seed, args.extras, ALL_GPUS if args.all_gpus else GPUS_) if args.only in c.label]
     t_plan = time.time() - t0
     counts = collections.Counter(r.kind for r in results)
     planned = [r for r in results if r.kind == "planned"]
@@ -421,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"EXCEPTION {r.case.label}\n{r.message}")
     for r, problem in rd_fail:
         print(f"RUNDIR {r.case.label}\n  {problem}")
+    rd_kinds = collections.Counter(p.split(":")[0].split(" ")[0] for _, p in rd_fail)
     refusals = collections.defaultdict(list)
     for r in results:
         if r.kind == "refused":
@@ -435,14 +487,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'outcome':<14}{'count':>7}")
     for kind in ("planned", "refused", "refused-mem", "EXCEPTION"):
         print(f"{kind:<14}{counts.get(kind, 0):>7}")
-    print(f"{'rundir checked':<14}{min(args.rundirs, len(planned[::step])):>7}  failed {len(rd_fail)}")
+    print(f"{'rundir checked':<14}{min(args.rundirs, len(planned[::step])):>7}  generate-refused "
+          f"{rd_kinds.get('generate-refused', 0)}, validate problems {rd_kinds.get('validate', 0)}, "
+          f"exceptions {rd_kinds.get('EXCEPTION', 0)}")
     print(f"\nrefusal kinds ({len(refusals)}):")
     for key, rs in sorted(refusals.items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(rs):>5}  {key}")
     by_engine = collections.Counter((r.case.data["training"]["engine"], r.kind) for r in results)
     print("\nby engine: " + ", ".join(f"{e}/{k}={v}" for (e, k), v in sorted(by_engine.items())))
     print(f"\n{len(results)} specs planned in {t_plan:.1f} s; total {time.time() - t0:.1f} s")
-    return 1 if counts.get("EXCEPTION") or any(p.startswith("EXCEPTION") for _, p in rd_fail) else 0
+    return 1 if counts.get("EXCEPTION") or rd_kinds.get("EXCEPTION") or rd_kinds.get("validate") else 0
 
 
 if __name__ == "__main__":
