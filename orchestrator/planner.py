@@ -26,7 +26,7 @@ from .rules import check_layout
 from .spec import ParallelismSpec, Spec
 from .stages import accounted_split, balanced_split, split_issues, stage_split
 from .estimate.step import for_layout  # noqa: I001  (own line: keeps the merge with main's imports simple)
-from .recompute_rules import module_problem
+from .recompute_rules import module_problem, recompute_module_notes
 
 GiB = 2**30
 RECOMPUTE = ("none", "selective", "full")
@@ -80,7 +80,7 @@ def search(spec: Spec, *, top_k: int = 5, cost: CostModel | None = None) -> Sear
         raise _no_fit(spec, ctx, scored)
     ranked = [with_to_train(spec, estimate(ctx, s.layout)) for s in fitting[:max(1, top_k)]]
     best_overall = min(scored, key=lambda s: (s.step_time_s, s.total_bytes))
-    warnings = headroom_warning(spec, ctx, ranked[0]) + plausibility(ctx, ranked[0])
+    warnings = headroom_warning(spec, ctx, ranked[0]) + plausibility(ctx, ranked[0]) + recompute_module_notes(spec)
     reasons = (explain(ctx, ranked, best_overall, len(scored), len(fitting)) + fp8_hint(spec, cost, ranked[0])
                + warnings + _generate_note(spec))
     return SearchResult(chosen=ranked[0], candidates=ranked, num_considered=len(scored),

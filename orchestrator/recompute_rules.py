@@ -46,27 +46,52 @@ def rule_recompute_engine(spec: Spec, lay: Layout) -> Problem | None:
     return None    # dropout with engine deepspeed: orch plan predicts it, orch generate refuses it (generate_rules.py)
 
 
-def module_problem(spec: Spec, module: str) -> str | None:
-    """Why Megatron-Core refuses or ignores ``module`` for this spec's model, or None."""
+def module_refusal(spec: Spec, module: str) -> str | None:
+    """Why Megatron-Core refuses ``module`` for this spec (core_v0.16.1 transformer_config.py __post_init__
+    raises), or None."""
     m, gpu = spec.model, spec.cluster.gpu
     if module == "mla_up_proj":
         return "needs multi-latent attention, which orch's models do not have"
-    if module in ("moe", "moe_act", "shared_experts") and m.moe is None:
-        return "needs a MoE model (model.moe)"
-    if module == "shared_experts" and not m.moe.shared_expert_ffn_hidden_size:
-        return "needs shared experts (model.moe.shared_expert_ffn_hidden_size > 0)"
-    if module == "moe_act" and gpu == "cpu":
-        return "needs --moe-grouped-gemm, which orch writes on GPUs only"
+    if module == "moe_act" and (m.moe is None or gpu == "cpu"):
+        return ("needs --moe-grouped-gemm, which orch writes for MoE models on GPUs only"
+                if m.moe is not None else "needs a MoE model (model.moe) and its grouped GEMM")
     if module in ("moe_act", "layernorm") and spec.training.precision == "fp8" and \
             (spec.training.fp8_recipe or "delayed") == "delayed":
         return ("is refused with FP8's delayed scaling (Megatron-Core; --fp8-recipe delayed, training.fp8_recipe's "
                 "default): set training.fp8_recipe: tensorwise")
+    return None
+
+
+def module_noop(spec: Spec, module: str) -> str | None:
+    """Why ``module`` recomputes nothing in this spec's model although Megatron-Core accepts it, or None."""
+    m, gpu = spec.model, spec.cluster.gpu
+    if module in ("moe", "shared_experts") and m.moe is None:
+        return "recomputes MoE layers, and this model has none (model.moe)"
+    if module == "shared_experts" and not m.moe.shared_expert_ffn_hidden_size:
+        return "recomputes shared experts, and this model has none (model.moe.shared_expert_ffn_hidden_size)"
     if module == "mlp" and m.moe is not None and m.moe.first_dense_layers == 0:
-        return "recomputes dense MLPs only, and every layer of this model is a MoE layer (use moe)"
+        return "recomputes dense MLPs only, and every layer of this model is a MoE layer (moe recomputes those)"
     if module == "layernorm" and m.moe is None and gpu != "cpu":
         return ("recomputes nothing in a dense Transformer Engine layer (both norms are fused into the "
                 "following linear)")
     return None
+
+
+def module_problem(spec: Spec, module: str) -> str | None:
+    """Why ``module`` is no use for this spec: Megatron-Core refuses it or it recomputes nothing (the planner
+    searches neither), or None."""
+    return module_refusal(spec, module) or module_noop(spec, module)
+
+
+def recompute_module_notes(spec: Spec) -> list[str]:
+    """Warnings for the spec's recompute modules that Megatron-Core accepts but that recompute nothing here:
+    planned and generated as given (Megatron is the authority), said once in the plan."""
+    mods = spec.parallelism.recompute_modules or ()
+    if engine_of(spec) != "megatron":
+        return []
+    return [f"{P}.recompute_modules[{i}]: {module} {why}; Megatron-Core accepts it and recomputes nothing for it "
+            f"(remove {module} to say what runs)" for i, module in enumerate(mods)
+            if not module_refusal(spec, module) and (why := module_noop(spec, module))]
 
 
 def rule_recompute_modules(spec: Spec, lay: Layout) -> Problem | None:
@@ -78,10 +103,10 @@ def rule_recompute_modules(spec: Spec, lay: Layout) -> Problem | None:
         return Problem(f"{P}.recompute_modules", f"lists {', '.join(repeated)} more than once",
                        "name each module once")
     for i, module in enumerate(mods):
-        why = module_problem(spec, module)
+        why = module_refusal(spec, module)
         if why:
             return Problem(f"{P}.recompute_modules[{i}]", f"{module} {why}", f"remove {module}")
-    return None
+    return None     # modules that recompute nothing here are planned as given, with a warning (recompute_module_notes)
 
 
 def chunk_layer_counts(num_layers: int, lay: Layout) -> set[int] | None:

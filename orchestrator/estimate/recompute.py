@@ -38,11 +38,13 @@ def module_savings(shape: ModelShape, tp: int, cp: int, ep: int, etp: int, mb: i
     if "layernorm" in mods:
         dense_drop += 0.0 if fused_norms else 2 * x
         moe_drop += x if fused_norms else 2 * x
-        working = max(working, x)
+        if not fused_norms or shape.moe is not None:   # a fused dense norm recomputes nothing: no transient
+            working = max(working, x)
     if "mlp" in mods:
         mlp = e * tokens * gated * shape.ffn_hidden_size / tp + (x if fused_norms else 0.0)
         dense_drop += mlp
-        working = max(working, mlp)
+        if shape.moe is None or shape.num_moe_layers < shape.num_layers:   # dense MLPs only: none, nothing to redo
+            working = max(working, mlp)
     moe = shape.moe
     if moe is not None:
         work = expert_work(shape, tp, cp, ep, etp, mb)

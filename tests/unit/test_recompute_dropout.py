@@ -61,14 +61,10 @@ RULE_CASES = [
      "parallelism.recompute_num_layers", "recompute_num_layers(7) layers, which do not divide the 6 layers"),
     ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute": "full", "parallelism.recompute_method": "uniform",
       "parallelism.recompute_num_layers": 4}, "parallelism.recompute_num_layers", "do not divide the 6 layers"),
-    ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute": "selective", "parallelism.recompute_modules": ["moe"]},
-     "parallelism.recompute_modules[0]", "moe needs a MoE model"),
-    ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute": "selective",
-      "parallelism.recompute_modules": ["layernorm"]}, "parallelism.recompute_modules[0]", "recomputes nothing"),
     ({**MIXTRAL, "parallelism.recompute": "selective", "parallelism.recompute_modules": ["mla_up_proj"]},
      "parallelism.recompute_modules[0]", "multi-latent attention"),
-    ({**MIXTRAL, "parallelism.recompute": "selective", "parallelism.recompute_modules": ["mlp"]},
-     "parallelism.recompute_modules[0]", "every layer of this model is a MoE layer"),
+    ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute": "selective",
+      "parallelism.recompute_modules": ["moe_act"]}, "parallelism.recompute_modules[0]", "needs a MoE model"),
     ({**MIXTRAL, "training.precision": "fp8", "parallelism.recompute": "selective",
       "parallelism.recompute_modules": ["moe", "layernorm"]}, "parallelism.recompute_modules[1]", "delayed scaling"),
     ({**MIXTRAL, "parallelism.recompute": "selective", "parallelism.recompute_modules": ["moe", "moe"]},
@@ -80,6 +76,31 @@ RULE_CASES = [
     ({"parallelism.recompute": "selective", "parallelism.recompute_modules": ["core_attn"]},
      "parallelism.recompute_modules", "a Megatron option; engine(deepspeed)"),
 ]
+
+
+@pytest.mark.parametrize("overrides,module,why", [
+    ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute_modules": ["layernorm"]}, "layernorm",
+     "recomputes nothing in a dense Transformer Engine layer"),
+    ({**MEGATRON_LAYOUTS["pp2-vpp2"], "parallelism.recompute_modules": ["moe"]}, "moe", "this model has none"),
+    ({**MIXTRAL, "cluster.num_nodes": 4, "parallelism.recompute_modules": ["mlp"]}, "mlp",   # 32 GPUs: it fits
+     "every layer of this model is a MoE layer"),
+])
+def test_modules_megatron_accepts_but_that_recompute_nothing_plan_with_a_warning(overrides, module, why):
+    """Megatron-Core accepts these (core_v0.16.1 transformer_config.py raises only for moe_act without the
+    grouped GEMM, mla_up_proj without MLA and delayed-scaling FP8): the layout sweep found orch refusing them.
+    They plan and generate as given, with one warning naming the module, and save no memory."""
+    from orchestrator.plan import build_plan
+    from orchestrator.planner import search
+
+    spec = parse_spec(spec_data(**{**overrides, "parallelism.recompute": "selective"}))
+    plan, warnings = build_plan(spec, top_k=1), search(spec, top_k=1).warnings
+    notes = [w for w in warnings if w.startswith("parallelism.recompute_modules[0]")]
+    assert len(notes) == 1 and module in notes[0] and why in notes[0], warnings
+    args = render_megatron_args(plan)
+    assert args[args.index("--recompute-modules") + 1] == module
+    assert not check_megatron_args(args, world_size=spec.world_size)
+    bare = parse_spec(spec_data(**{**overrides, "parallelism.recompute": "none", "parallelism.recompute_modules": None}))
+    assert plan.chosen["memory"]["activations_bytes"] == build_plan(bare, top_k=1).chosen["memory"]["activations_bytes"]
 
 
 @pytest.mark.parametrize("method,n,extra", [
