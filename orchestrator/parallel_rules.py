@@ -14,8 +14,9 @@ shown, a fix in the hint, open fields pass) and follows the spec's engine:
   0.15.0 (any top-k since), and expert tensor parallelism reuses the model's tp group; ``context`` is the DeepSpeed-Ulysses degree
   (Jacobs et al. 2023, arXiv 2309.14509): its all-to-all trades the sequence split for a head split, so the
   heads and the sequence must divide by it.
-* FP8 (Transformer Engine "Using FP8 with Transformer Engine"): Megatron engine only, on Hopper or newer
-  (catalog ``fp8_training``), and every FP8 GEMM dimension a multiple of 16.
+* FP8 (Transformer Engine "Using FP8 with Transformer Engine"; its support matrix: per-tensor FP8 from compute
+  capability 8.9, Ada): Megatron engine only, on Ada, Hopper or newer (catalog ``fp8_training``), and every
+  FP8 GEMM dimension a multiple of 16.
 """
 from __future__ import annotations
 
@@ -195,8 +196,9 @@ def rule_fp8_engine_gpu(spec: Spec, lay: Layout) -> Problem | None:
                        f"not {engine_of(spec)}", "set training.engine: megatron, or precision: bf16")
     gpu = GPUS[spec.cluster.gpu]
     if not gpu.fp8_training:
-        return Problem("training.precision", f"fp8 needs Hopper or newer (FP8 tensor cores with Transformer "
-                       f"Engine); cluster.gpu is {spec.cluster.gpu}", "use bf16 on this GPU, or an h100/h200/b200")
+        return Problem("training.precision", f"fp8 needs FP8 tensor cores (Ada, Hopper or newer, with Transformer "
+                       f"Engine); cluster.gpu is {spec.cluster.gpu}",
+                       "use bf16 on this GPU, or an l40s/h100/h200/b200")
     return None
 
 

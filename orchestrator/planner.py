@@ -145,7 +145,7 @@ def plausibility(ctx: EstimateContext, chosen: LayoutEstimate) -> list[str]:
 
 
 def fp8_hint(spec: Spec, cost: CostModel | None, chosen: LayoutEstimate) -> list[str]:
-    """FP8 where the rules allow it (Megatron engine, Hopper or newer, 16-aligned widths): the chosen layout
+    """FP8 where the rules allow it (Megatron engine, Ada, Hopper or newer, 16-aligned widths): the chosen layout
     estimated in FP8, as one line of advice; precision is never changed behind the user's back."""
     if spec.training.precision != "bf16":
         return []

@@ -225,7 +225,7 @@ class TrainingSpec:
         None, doc="megatron | deepspeed: the runtime that trains this spec (rules, files, launch scripts and "
         "predictions follow it); default megatron on GPUs, deepspeed on gpu cpu (Megatron-Core cannot train on CPU)")
     precision: Precision = spec_field(
-        "bf16", doc="bf16 | fp16 | fp32 | fp8 (fp8: Megatron engine, Transformer Engine, Hopper or newer; "
+        "bf16", doc="bf16 | fp16 | fp32 | fp8 (fp8: Megatron engine, Transformer Engine, Ada, Hopper or newer; "
         "FP8 GEMMs with bf16 master weights)")
     optimizer: OptimizerSpec = spec_field(default_factory=OptimizerSpec, doc="optimizer")
     lr_schedule: LrScheduleSpec = spec_field(default_factory=LrScheduleSpec, doc="learning-rate schedule")

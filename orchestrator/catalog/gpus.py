@@ -35,7 +35,7 @@ class GpuSpec:
     tp_comm_overlap: bool = False             # Transformer Engine userbuffers can overlap TP comm with GEMMs
     runtime_bytes: int | None = None          # framework runtime per process; None: the cost model's CUDA context
     driver_reserved_fraction: float = DRIVER_RESERVED_FRACTION   # of hbm_bytes, never allocatable (above)
-    fp8_training: bool = False                # FP8 training through Transformer Engine (Hopper or newer)
+    fp8_training: bool = False                # FP8 training through Transformer Engine (Ada, Hopper or newer)
     # Elements per second of the tanh-GELU kernel (forward; backward alike) where it is bound by its
     # arithmetic, not by memory: on a CPU core the tanh costs more than the bytes. None: memory-bound (GPUs).
     gelu_elems_per_s: float | None = None
@@ -117,8 +117,9 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
             46068 * MiB, 864, 20, 12.5, 25,
             "NVIDIA L40S datasheet: 362 TF bf16 dense (733 sparse), 48 GB GDDR6 864 GB/s; no NVLink: "
             "peers over PCIe Gen4 (~20 GB/s busbw); typical 200 Gb/s NIC per 2 GPUs; matmul efficiency not "
-            "measured in the MAMF table: 0.70 assumed (below the Hopper/Ampere SXM parts)",
-            matmul_efficiency=0.70, num_sms=142),
+            "measured in the MAMF table: 0.70 assumed (below the Hopper/Ampere SXM parts); FP8 (per tensor: delayed and "
+            "current scaling) on compute capability 8.9 per Transformer Engine's support matrix",
+            matmul_efficiency=0.70, num_sms=142, fp8_training=True),
     GpuSpec("cpu", {"fp32": 192e9, "tf32": 192e9, "bf16": 192e9, "fp16": 192e9},
             8 * GiB, 19.5, 1.0, 1.0, 20,
             "One CPU training process (orch's CPU test target). Peak 192 GFLOP/s fp32: one AVX-512 core with two "
