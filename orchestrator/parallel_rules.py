@@ -25,18 +25,13 @@ from typing import Callable
 from .catalog.gpus import GPUS
 from .errors import Problem
 from .layout import FIELD_PATHS, Layout, _known, engine_of
+from .releases import ds_version
 from .spec import Spec
 
 # DeepSpeed's TopKGate takes any k >= 1 (``topkgating``) since v0.15.0 (PR #5881, 2024-08-15); top-1 and top-2
 # only before (``raise ValueError('Only top-1 and top-2 gatings are supported.')``).
 DS_TOPK_GATE_SINCE = (0, 15, 0)
 
-
-def _ds_release(version: str | None) -> tuple[int, ...]:
-    """A DeepSpeed release as a tuple (estimate.engines.ds_version, which this module cannot import: a cycle)."""
-    from .validate._deepspeed_keys_data import DEEPSPEED_VERSION  # noqa: PLC0415
-
-    return tuple(int(p) for p in (version or DEEPSPEED_VERSION).split(".")[:3] if p.isdigit())
 
 FP8_ALIGNMENT = 16   # TE FP8 GEMMs: both GEMM dimensions of a weight a multiple of 16 (TE docs)
 
@@ -140,7 +135,7 @@ def rule_deepspeed_moe(spec: Spec, lay: Layout) -> Problem | None:
                        f"dp({lay.dp}) % ep({lay.ep}) = {lay.dp % lay.ep}, must be 0",
                        "use an expert-parallel degree that divides dp, or training.engine: megatron")
     version = spec.training.engine_version
-    if moe.router_topk > 2 and _ds_release(version) < DS_TOPK_GATE_SINCE:
+    if moe.router_topk > 2 and ds_version(version) < DS_TOPK_GATE_SINCE:
         return Problem("model.moe.router_topk", f"DeepSpeed-MoE's gate before 0.15.0 supports top-1 and top-2, got "
                        f"router_topk({moe.router_topk}) with engine_version({version})",
                        "use router_topk 1 or 2, engine_version 0.15.0 or later, or training.engine: megatron")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..validate._deepspeed_keys_data import DEEPSPEED_VERSION  # the DeepSpeed orch writes ds_config for
+from ..releases import ds_version
 
 DS_FLAT_GATHERS_SINCE = (0, 5, 5)          # _all_gather_base instead of a list of n views (#1188)
 DS_ASYNC_COALESCED_FETCH_SINCE = (0, 6, 0)  # per-module coalesced gathers, no host synchronize (#1453)
@@ -277,11 +277,6 @@ class Zero3Runtime:
     allreduce_gradients: bool = False    # bucketed all-reduce of full gradients (contiguous_gradients off)
     prefetch_elements: int = 0           # synchronous fetch: the release's default stage3_prefetch_bucket_size
     max_live_elements: int = 0           # synchronous fetch: the live-parameter gate (0: never closes)
-
-
-def ds_version(version: str | None) -> tuple[int, ...]:
-    """A DeepSpeed release as a comparable tuple ("0.3" -> (0, 3)); None: the one orch writes configs for."""
-    return tuple(int(p) for p in (version or DEEPSPEED_VERSION).split(".")[:3] if p.isdigit())
 
 
 @lru_cache(maxsize=64)
