@@ -234,7 +234,7 @@ def _replicated_params_comm(w: DataParallelWork, pl: Placement, overlap: float, 
     kind, bucket = _gradient_buckets(w, n)
     red_s, red_one, red_calls = bucketed_s(kind, grads, bucket * w.grad_bytes, pl, hw)
     per_step = 1 if w.zero_stage < 2 else m          # ZeRO-2 reduce-scatters every micro-batch
-    interleaved = bool(w.chunk_shares) and w.engine == "megatron" and w.zero_stage < 2
+    interleaved = bool(w.chunk_shares)       # set only where Megatron syncs chunk by chunk (step.py)
     exposed = interleaved_reduce_exposed_s(w, red_s, overlap) if interleaved else \
         per_step * max(red_one, red_s - hide_b)
     time, nbytes, calls = per_step * red_s, per_step * ring_bytes(grads, n, kind), per_step * red_calls

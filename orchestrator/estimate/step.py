@@ -434,12 +434,11 @@ def step_timing(ctx: EstimateContext, lay: Layout, params: ParamsEstimate | None
     pipe = pipeline_time_s(num_microbatches=m, pp=pp, vpp=vpp, slowest_stage_s=slowest, mean_stage_s=mean,
                            p2p_s=x_exposed + host_mb, fill_p2p_s=x_fill + host_mb)
     pipe_host_s = (m + (pp - 1) / vpp) * host_mb if host_mb else 0.0   # part of the pipeline's time
-    reduce_layers = _layers_holding_most_params(split, params)
+    rank, reduce_layers = _stage_holding_most_params(split, params)
     # DeepSpeed's pipeline engine reduces after the pipeline has drained: nothing to hide behind
     backward_window = 0.0 if ds_pipeline_reduces_after_flush(ctx.engine, pp) else \
         reduce_layers * (layer.backward_s + layer.recompute_s)
     work = _dp_work(ctx, lay, reduce_layers, m, reduce_layers * layer.forward_s, backward_window, bf16_opt)
-    rank = _stage_rank_holding_most_params(split, params)
     work = dataclasses.replace(work, **_interleaved_fields(ctx, lay, params, rank, reduce_layers, params.per_gpu))
     dp_comm = _gradient_sync(ctx, lay, lambda elements: dataclasses.replace(work, param_elements=elements),
                              params.per_gpu, reduce_layers)
@@ -622,15 +621,6 @@ def p2p_transfers_per_microbatch(engine: str, vpp: int) -> int:
     return 4 if engine == "deepspeed" else 2 * vpp
 
 
-def _stage_rank_holding_most_params(split: StageSplit, params: ParamsEstimate) -> int:
-    """Pipeline rank of the stage :func:`_layers_holding_most_params` picks (first 0, last pp - 1, a middle
-    stage 1: the middle stage that ends its cooldown latest)."""
-    held = {params.first_stage_per_gpu: 0, params.last_stage_per_gpu: split.pp - 1}
-    if split.pp > 2:
-        held.setdefault(params.middle_stage_per_gpu, 1)
-    return held.get(params.per_gpu, 0)
-
-
 def uses_interleaved_dp_sync(ctx: EstimateContext, lay: Layout) -> bool:
     """Megatron-Core syncs gradients and parameters chunk by chunk: the interleaved schedule (pp > 1,
     vpp > 1) with DDP or the distributed optimizer (Megatron FSDP, zero_stage 2-3, has its own per-layer
@@ -660,13 +650,14 @@ def _interleaved_fields(ctx: EstimateContext, lay: Layout, params: ParamsEstimat
     return {"chunk_shares": tuple(shares), "pp_size": lay.pp, "stage_rank": rank}
 
 
-def _layers_holding_most_params(split: StageSplit, params: ParamsEstimate) -> int:
-    """Layers of the stage whose gradients the DP reduction carries (params.per_gpu): its backward is the
-    window the reduction overlaps with."""
-    held = {params.first_stage_per_gpu: split.first, params.last_stage_per_gpu: split.last}
+def _stage_holding_most_params(split: StageSplit, params: ParamsEstimate) -> tuple[int, int]:
+    """(pipeline rank, layers) of the stage whose gradients the DP reduction carries (params.per_gpu): its
+    backward is the window the reduction overlaps with. First stage 0, last pp - 1, a middle stage 1 (the middle
+    stage that ends its cooldown latest, for the interleaved sync: comm.interleaved_reduce_exposed_s)."""
+    held = {params.first_stage_per_gpu: (0, split.first), params.last_stage_per_gpu: (split.pp - 1, split.last)}
     if split.pp > 2:
-        held.setdefault(params.middle_stage_per_gpu, split.middle)
-    return held.get(params.per_gpu, split.first)
+        held.setdefault(params.middle_stage_per_gpu, (1, split.middle))
+    return held.get(params.per_gpu, (0, split.first))
 
 
 def uses_tp_comm_overlap(hw: Hardware, lay: Layout) -> bool:
