@@ -16,6 +16,7 @@ from .errors import Problem, SpecError
 from .generate_rules import generate_problems
 from .estimate.comm import group_placement, shard_placements
 from .estimate.cost import CostModel
+from .estimate.moe import HOST_OP_S
 from .estimate.plausibility import mfu_warnings
 from .estimate.step import EstimateContext, LayoutEstimate, estimate, estimate_memory, step_timing
 from .estimate.to_train import short_amount, to_train
@@ -486,8 +487,8 @@ def _host_line(ctx: EstimateContext, est: LayoutEstimate) -> list[str]:
         what = (f"layers this small launch more kernels than their GPU time covers; a larger "
                 f"parallelism.micro_batch_size (now {lay.micro_batch_size}) gives each launch more work")
     return [f"host: the GPU waits {share:.0%} of the step for its kernel launches (eager PyTorch, one host "
-            f"launch per operator at ~13.5 us: TransformerEngine issue #2053); {what}. Every launch is priced at "
-            f"that one average, so this part of the prediction is the least certain."]
+            f"launch per operator at ~{HOST_OP_S * 1e6:.3g} us: estimate/moe.py HOST_OP_S); {what}. Every launch is "
+            f"priced at that one average, so this part of the prediction is the least certain."]
 
 
 def to_train_line(est: LayoutEstimate) -> str:

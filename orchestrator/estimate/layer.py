@@ -71,7 +71,6 @@ def rank_layer(shape: ModelShape, hw: Hardware, gpu: str, precision: str, key: L
         dense = with_host_floor(dense, *_plus(dense_host_s(), _nodes_host_s(key, DENSE_LAYER_NODES)))
     layer, ep_bytes, ep_s, idle = dense, 0.0, 0.0, 0.0
     wait = host_idle_s(dense, dense_gpu)
-    wait = wait if wait > 1e-9 * dense.total_s else 0.0      # a floor that does not bind leaves rounding only
     if shape.moe is not None:
         fp8 = precision == "fp8"
         moe_layer, mlp = moe_gpu_layer(shape, hw, gpu, precision, key, fp8_recipe)

@@ -372,9 +372,11 @@ def with_host_floor(layer: LayerTimeEstimate, host_f: float, host_b: float) -> L
 
 def host_idle_s(floored: LayerTimeEstimate, gpu_only: LayerTimeEstimate) -> float:
     """GPU time of a host-bound MoE layer spent waiting for its launches: the host floors' excess over the GPU
-    work (forward and backward). The expert all-to-all runs on the GPU (NCCL kernels on its own stream) and is
+    work, forward and backward each (a direction the floor left alone gives exactly 0; the difference of the two
+    sums left rounding there). The expert all-to-all runs on the GPU (NCCL kernels on its own stream) and is
     launched before what follows it, so it runs in that wait (:func:`exposed_all_to_all_s`)."""
-    return max(0.0, floored.forward_s + floored.backward_s - gpu_only.forward_s - gpu_only.backward_s)
+    return (max(0.0, floored.forward_s - gpu_only.forward_s)
+            + max(0.0, floored.backward_s - gpu_only.backward_s))
 
 
 # --- the expert-parallel all-to-all ----------------------------------------------------------------
